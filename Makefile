@@ -1,0 +1,56 @@
+# Fault-tolerant LLM training on EKS: one Makefile for setup, synthesis, tests, the demo and benchmarks.
+# Every target installs what it needs (into .venv, node_modules and .tools) on a fresh machine.
+
+PYTHON      ?= python3.11
+VENV        := .venv
+PY          := $(VENV)/bin/python
+HELM        := .tools/bin/helm
+CDK         := node_modules/.bin/cdk
+TEAMS       ?= teams.yaml
+PYTEST_ARGS ?=
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export MPLBACKEND := Agg
+
+.DEFAULT_GOAL := help
+.PHONY: help setup synth test test-fast lint demo bench smoke-render clean
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[infra,trainer,report,test,dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(HELM): $(VENV)/.installed tools/install_helm.py
+	$(PY) tools/install_helm.py --dest .tools/bin
+
+setup: $(VENV)/.installed node_modules/.installed $(HELM) ## Install Python deps, the CDK CLI and helm (idempotent)
+
+synth: setup ## Synthesize one CloudFormation template per team of $(TEAMS) into cdk.out/
+	$(CDK) synth --quiet -c teams_file=$(TEAMS) > /dev/null
+	@ls cdk.out/*.template.json
+
+test: setup ## Run the whole test suite
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup ## Run the tests that need no multi-process training
+	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+lint: setup ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy infra trainer
+
+demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU, report
+	$(PY) -m tools.demo --teams $(TEAMS)
+
+bench: setup ## Benchmarks: recovery, checkpoint stall, synth scaling (~20 min); results in bench/results/
+	$(PY) -m bench
+
+clean: ## Remove build outputs (keeps .venv, node_modules, .tools)
+	rm -rf cdk.out out
