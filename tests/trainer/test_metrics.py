@@ -1,0 +1,168 @@
+"""Event log (Contract 3), summary figures from hand-written event files, and the Prometheus exporter."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.metrics import COMMON_FIELDS, EventLog, PrometheusExporter, read_events, summarize, write_summary
+
+
+def _write(path: Path, events: list[dict[str, Any]], torn_tail: bool = False) -> None:
+    lines = [json.dumps(e) for e in events]
+    text = "\n".join(lines) + "\n"
+    if torn_tail:
+        text += '{"ev": "step", "t": 1'  # a process killed in the middle of a write
+    path.write_text(text)
+
+
+def _ev(
+    ev: str, t: float, rank: int = 0, restart: int = 0, iteration: int = 0, **fields: Any
+) -> dict[str, Any]:
+    return {
+        "ev": ev,
+        "t": t,
+        "rank": rank,
+        "pid": 1000 + restart,
+        "restart": restart,
+        "iteration": iteration,
+    } | fields
+
+
+def _step(step: int, t0: float, t1: float, restart: int = 0, iteration: int = 0) -> dict[str, Any]:
+    return _ev("step", t1, 0, restart, iteration, step=step, t_start=t0, t_end=t1, loss=2.0, tokens=100)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A run with a tier-1 exception at step 4 and a tier-2 SIGKILL at step 5, both resuming from step 2."""
+    rank0 = [
+        _ev("run_start", 100.0, world_size=2, config={}),
+        _ev("restore", 100.5, step=-1, path=None, load_s=0.0),
+        _step(1, 101.0, 102.0),
+        _step(2, 102.0, 103.0),
+        _ev("ckpt_save", 103.1, step=2, blocked_s=0.1, mode="sync", bytes=10),
+        _step(3, 103.1, 104.0),
+        _ev("ckpt_commit", 103.6, step=2, path="ckpt/step_2", total_s=0.5),
+        _ev("fault_detected", 104.5, iteration=1, tier=1, reason="exception on rank 1"),
+        _ev("restore", 105.0, iteration=1, step=2, path="ckpt/step_2", load_s=0.2),
+        _step(3, 105.2, 106.0, iteration=1),
+        _step(4, 106.0, 107.0, iteration=1),
+        _ev("fault_detected", 108.0, iteration=1, tier=2, reason="SIGTERM"),
+        _ev("run_start", 110.0, restart=1, world_size=2, config={}),
+        _ev("ckpt_skipped", 110.5, restart=1, path="ckpt/step_4", reason="checksum mismatch"),
+        _ev("restore", 111.0, restart=1, step=2, path="ckpt/step_2", load_s=0.3),
+        _step(3, 111.5, 112.5, restart=1),
+        _step(4, 112.5, 113.5, restart=1),
+        _step(5, 113.5, 114.5, restart=1),
+        _ev("run_end", 115.0, restart=1, step=5, status="completed"),
+    ]
+    rank1 = [
+        _ev("run_start", 100.0, 1, world_size=2, config={}),
+        _ev("ckpt_save", 103.1, 1, step=2, blocked_s=0.3, mode="sync", bytes=12),
+        _ev("fault_injected", 104.2, 1, fault="exception", step=4),
+        _ev("fault_detected", 104.6, 1, iteration=1, tier=1, reason="exception"),
+        _ev("fault_injected", 107.1, 1, iteration=1, fault="sigkill", step=5),
+    ]
+    _write(tmp_path / "events.rank0.jsonl", rank0)
+    _write(tmp_path / "events.rank1.jsonl", rank1, torn_tail=True)
+    return tmp_path
+
+
+def test_summary_of_a_faulted_run(run_dir: Path) -> None:
+    s = summarize(run_dir)
+    assert s["status"] == "completed" and s["final_step"] == 5
+    assert (s["steps"], s["steps_executed"], s["steps_recomputed"]) == (5, 8, 3)
+    assert s["wall_s"] == pytest.approx(15.0)
+    assert s["productive_s"] == pytest.approx(5.0)  # the last execution of steps 1..5, 1 s each
+    assert s["training_efficiency"] == pytest.approx(5.0 / 15.0)
+    assert s["tokens"] == 500
+    assert s["unreadable_lines"] == 1
+    assert s["ckpt"]["saves"] == 1 and s["ckpt"]["stall_s"]["max"] == pytest.approx(0.3)
+    assert s["ckpt"]["per_save"][0]["bytes"] == 22 and s["ckpt"]["commits"] == 1
+    assert s["ckpt"]["skipped"] == [{"path": "ckpt/step_4", "reason": "checksum mismatch"}]
+    assert [r["step"] for r in s["restores"]] == [-1, 2, 2]
+    assert s["process_starts"] == 3
+
+    exc, kill = s["faults"]
+    assert (exc["type"], exc["tier"], exc["recovered"]) == ("exception", 1, True)
+    assert exc["detection_s"] == pytest.approx(0.3)
+    assert exc["mttr_s"] == pytest.approx(1.0)  # 104.2 -> step 3 restarted at 105.2
+    assert exc["steps_recomputed"] == 1  # step 3 was done, resumed from 2
+    assert exc["time_to_new_progress_s"] == pytest.approx(106.0 - 104.2)
+    assert (kill["type"], kill["tier"], kill["restored_step"]) == ("sigkill", 2, 2)
+    assert kill["detection_s"] == pytest.approx(0.9)
+    assert kill["mttr_s"] == pytest.approx(111.5 - 107.1)
+    assert kill["steps_recomputed"] == 2  # steps 3 and 4 redone
+    assert sum(f["steps_recomputed"] for f in s["faults"]) == s["steps_recomputed"]
+
+
+def test_tier_is_inferred_when_no_rank_reported_the_fault(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "events.rank0.jsonl",
+        [
+            _step(1, 1.0, 2.0),
+            _ev("fault_injected", 2.5, fault="node-loss", step=2),
+            _ev("restore", 6.0, restart=1, step=1, path="p", load_s=0.1),
+            _step(2, 6.5, 7.0, restart=1),
+        ],
+    )
+    (fault,) = summarize(tmp_path)["faults"]
+    assert fault["tier"] == 2 and fault["detection_s"] is None and fault["mttr_s"] == pytest.approx(4.0)
+    assert summarize(tmp_path)["status"] == "unknown"
+
+
+def test_unrecovered_fault(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "events.rank0.jsonl",
+        [_step(1, 1.0, 2.0), _ev("fault_injected", 2.5, fault="hang", step=2)],
+    )
+    (fault,) = summarize(tmp_path)["faults"]
+    assert fault["recovered"] is False and fault["mttr_s"] is None and fault["steps_recomputed"] is None
+
+
+def test_event_log_appends_common_fields_across_processes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    with EventLog(tmp_path, rank=1) as log:
+        log.iteration = 3
+        log.emit("step", step=7, t_start=1.5, t_end=2.5, loss=0.5, tokens=64)
+        with pytest.raises(ValueError, match=r"missing field.*reason"):
+            log.emit("fault_detected", tier=1)
+    with EventLog(tmp_path, rank=1) as log:  # a restarted process appends
+        log.emit("run_end", step=7, status="completed", path=Path("/x"))
+    events, bad = read_events(tmp_path)
+    assert bad == 0 and [e["ev"] for e in events] == ["step", "run_end"]
+    first = events[0]
+    assert set(COMMON_FIELDS) <= first.keys()
+    assert (first["rank"], first["pid"], first["restart"], first["iteration"], first["t"]) == (
+        1,
+        os.getpid(),
+        2,
+        3,
+        2.5,
+    )
+    assert events[1]["path"] == "/x"
+    assert json.loads(write_summary(tmp_path).read_text())["status"] == "unknown"  # rank 0 wrote no run_end
+
+
+def test_prometheus_exporter_serves_rank0_events(tmp_path: Path) -> None:
+    exporter = PrometheusExporter(0, addr="127.0.0.1")
+    try:
+        log = EventLog(tmp_path, rank=0, exporter=exporter)
+        log.emit("step", step=12, t_start=1.0, t_end=1.25, loss=3.5, tokens=256)
+        log.emit("fault_detected", tier=1, reason="x")
+        log.emit("ckpt_commit", step=10, path="p", total_s=1.0)
+        log.close()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).read().decode()
+    finally:
+        exporter.close()
+    assert "trainer_step 12.0" in body and "trainer_loss 3.5" in body
+    assert "trainer_step_seconds 0.25" in body and "trainer_tokens_total 256.0" in body
+    assert 'trainer_faults_detected_total{tier="1"} 1.0' in body and "trainer_ckpt_last_step 10.0" in body

@@ -1,0 +1,339 @@
+"""The run's event log (Contract 3 of docs/design.md), its summary, and a Prometheus exporter.
+
+Every rank appends JSON lines to `<out-dir>/events.rank<R>.jsonl`. The file is opened in append mode and
+line-buffered: each event is one write(2) of one full line, so it survives a SIGKILL of the process a
+moment later (the kernel has it), and restarted processes keep appending to the same file. No fsync:
+losing the tail of the log on a kernel crash is acceptable, stalling every step on the disk is not.
+
+`summarize()` reads those files back and derives the goodput figures; it is a pure function of the files,
+so the demo, the benchmarks and the tests all compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+# Contract 3: the extra fields each event type must carry (common fields are added by EventLog).
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "run_start": ("world_size", "config"),
+    "step": ("step", "t_start", "t_end", "loss", "tokens"),
+    "fault_injected": ("fault", "step"),
+    "fault_detected": ("tier", "reason"),
+    "restore": ("step", "path", "load_s"),
+    "ckpt_skipped": ("path", "reason"),
+    "ckpt_save": ("step", "blocked_s", "mode", "bytes"),
+    "ckpt_commit": ("step", "path", "total_s"),
+    "run_end": ("step", "status"),
+}
+COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
+
+
+def events_path(out_dir: str | Path, rank: int) -> Path:
+    """Where rank `rank` writes its events."""
+    return Path(out_dir) / f"events.rank{rank}.jsonl"
+
+
+def _json_default(obj: Any) -> Any:
+    # Paths, numpy scalars and tensors show up in fields; write them as plain values, never fail a step.
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item"):
+        return obj.item()
+    return str(obj)
+
+
+class EventLog:
+    """Appends Contract 3 events for one rank. `iteration` is updated by the loop on in-process restarts."""
+
+    def __init__(self, out_dir: str | Path, rank: int, *, exporter: PrometheusExporter | None = None) -> None:
+        self.path = events_path(out_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self.iteration = 0
+        self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.exporter = exporter
+        self._lock = threading.Lock()  # the checkpoint finalizer may emit from another thread
+        self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (lives with the log)
+
+    def emit(self, ev: str, **fields: Any) -> dict[str, Any]:
+        """Write one event; returns the full record. Missing contract fields raise ValueError."""
+        missing = [name for name in EVENT_FIELDS.get(ev, ()) if name not in fields]
+        if missing:
+            raise ValueError(f"event {ev!r}: missing field(s) {', '.join(missing)}")
+        record: dict[str, Any] = {
+            "ev": ev,
+            "t": time.time(),
+            "rank": self.rank,
+            "pid": os.getpid(),
+            "restart": self.restart,
+            "iteration": self.iteration,
+        }
+        record.update(fields)
+        if ev == "step":
+            record["t"] = fields["t_end"]
+        line = json.dumps(record, default=_json_default)
+        with self._lock:
+            self._file.write(line + "\n")
+        if self.exporter is not None:
+            self.exporter.update(record)
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_events(out_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """All events of all ranks, sorted by time, and the number of unreadable lines skipped.
+
+    A process killed in the middle of a write can leave one torn line; it is skipped, not fatal.
+    """
+    events: list[dict[str, Any]] = []
+    bad = 0
+    for path in sorted(Path(out_dir).glob("events.rank*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    bad += 1
+                    continue
+                if isinstance(record, dict) and "ev" in record and "t" in record:
+                    events.append(record)
+                else:
+                    bad += 1
+    events.sort(key=lambda e: float(e["t"]))
+    return events, bad
+
+
+def _stats(values: Iterable[float]) -> dict[str, float | int | None]:
+    vals = sorted(float(v) for v in values)
+    if not vals:
+        return {"count": 0, "median": None, "mean": None, "min": None, "max": None, "total": 0.0}
+    return {
+        "count": len(vals),
+        "median": statistics.median(vals),
+        "mean": statistics.fmean(vals),
+        "min": vals[0],
+        "max": vals[-1],
+        "total": math.fsum(vals),
+    }
+
+
+def _kept_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last execution of every step number: the ones whose results survived (the rest were redone)."""
+    last: dict[int, dict[str, Any]] = {}
+    for ev in steps:  # sorted by time, so later executions overwrite earlier ones
+        last[int(ev["step"])] = ev
+    return [last[s] for s in sorted(last)]
+
+
+def _fault_report(
+    fault: dict[str, Any],
+    next_fault_t: float,
+    steps: list[dict[str, Any]],
+    detections: list[dict[str, Any]],
+    restores: list[dict[str, Any]],
+) -> dict[str, Any]:
+    t_fault = float(fault["t"])
+    detected = next((d for d in detections if t_fault <= float(d["t"]) < next_fault_t), None)
+    after = [s for s in steps if float(s["t_start"]) >= t_fault]
+    restore_after = next((r for r in restores if float(r["t"]) > t_fault), None)
+    restore_before = [r for r in restores if float(r["t"]) <= t_fault]
+    since = float(restore_before[-1]["t"]) if restore_before else -math.inf
+    done_before = {int(s["step"]) for s in steps if since < float(s["t_end"]) <= t_fault}
+
+    tier = int(detected["tier"]) if detected is not None else None
+    if tier is None and after:
+        # No survivor reported it (e.g. every rank was killed): infer the tier from who ran the next step.
+        if int(after[0]["restart"]) > int(fault.get("restart", 0)):
+            tier = 2
+        elif int(after[0]["iteration"]) > int(fault.get("iteration", 0)):
+            tier = 1
+
+    recomputed = None
+    if restore_after is not None:
+        recomputed = sum(1 for s in done_before if s > int(restore_after["step"]))
+    # Training resumed at the first step after the fault; it made new progress once it passed the
+    # highest step done before the fault (the difference is the recomputation).
+    high = max(done_before, default=-1)
+    progress = next((s for s in after if int(s["step"]) > high), None)
+    return {
+        "type": fault["fault"],
+        "step": fault["step"],
+        "rank": fault["rank"],
+        "t": t_fault,
+        "tier": tier,
+        "detection_s": float(detected["t"]) - t_fault if detected is not None else None,
+        "detection_reason": detected.get("reason") if detected is not None else None,
+        "restored_step": int(restore_after["step"]) if restore_after is not None else None,
+        "mttr_s": float(after[0]["t_start"]) - t_fault if after else None,
+        "steps_recomputed": recomputed,
+        "time_to_new_progress_s": float(progress["t_start"]) - t_fault if progress is not None else None,
+        "recovered": bool(after),
+    }
+
+
+def summarize(out_dir: str | Path) -> dict[str, Any]:
+    """Merge the run's event files into goodput figures (the content of summary.json).
+
+    - productive_s: the summed duration of the last execution of every step number (work that was kept);
+    - wall_s: first event to last event of any rank;
+    - training_efficiency: productive_s / wall_s;
+    - checkpoint stall per save: the largest blocked_s over ranks of each save (ranks wait for each other);
+    - per fault: the tier that handled it, detection_s (fault -> first fault_detected), mttr_s (fault ->
+      start of the first step after it: training resumed), steps_recomputed (steps done since the last
+      restore and redone because the resume point was older), time_to_new_progress_s (fault -> start of
+      the first step beyond the highest step done before it: mttr plus the recomputation), recovered.
+    Steps are numbered as the loop numbers them; a restore's `step` must be the `step` of the last step
+    event its checkpoint includes (steps after it are the ones redone).
+    Step events are taken from rank 0 only, as Contract 3 has only rank 0 write them.
+    """
+    events, bad = read_events(out_dir)
+    by_ev: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        by_ev.setdefault(e["ev"], []).append(e)
+    steps = [e for e in by_ev.get("step", []) if int(e["rank"]) == 0]
+    kept = _kept_steps(steps)
+
+    wall_s = float(events[-1]["t"]) - float(events[0]["t"]) if events else 0.0
+    durations = [float(s["t_end"]) - float(s["t_start"]) for s in kept]
+    productive_s = math.fsum(durations)
+
+    saves: dict[tuple[int, int, int], dict[str, Any]] = {}
+    for e in by_ev.get("ckpt_save", []):
+        key = (int(e["step"]), int(e["restart"]), int(e["iteration"]))
+        entry = saves.setdefault(
+            key, {"step": key[0], "blocked_s": 0.0, "bytes": 0, "mode": e["mode"], "ranks": 0}
+        )
+        entry["blocked_s"] = max(entry["blocked_s"], float(e["blocked_s"]))
+        entry["bytes"] += int(e["bytes"])
+        entry["ranks"] += 1
+    per_save = sorted(saves.values(), key=lambda s: (s["step"], s["ranks"]))
+    commits = [e for e in by_ev.get("ckpt_commit", []) if int(e["rank"]) == 0]
+
+    restores = [e for e in by_ev.get("restore", []) if int(e["rank"]) == 0] or by_ev.get("restore", [])
+    faults = by_ev.get("fault_injected", [])
+    fault_reports = []
+    for i, fault in enumerate(faults):
+        next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf
+        fault_reports.append(_fault_report(fault, next_t, steps, by_ev.get("fault_detected", []), restores))
+
+    ends = [e for e in by_ev.get("run_end", []) if int(e["rank"]) == 0]
+    return {
+        "status": ends[-1]["status"] if ends else "unknown",
+        "final_step": int(kept[-1]["step"]) if kept else None,
+        "steps": len(kept),
+        "steps_executed": len(steps),
+        "steps_recomputed": len(steps) - len(kept),
+        "tokens": sum(int(s["tokens"]) for s in kept),
+        "wall_s": wall_s,
+        "productive_s": productive_s,
+        "training_efficiency": productive_s / wall_s if wall_s > 0 else None,
+        "step_s": _stats(durations),
+        "ckpt": {
+            "saves": len(per_save),
+            "stall_s": _stats(s["blocked_s"] for s in per_save),
+            "per_save": per_save,
+            "commits": len(commits),
+            "commit_total_s": _stats(float(c["total_s"]) for c in commits),
+            "skipped": [{"path": e["path"], "reason": e["reason"]} for e in by_ev.get("ckpt_skipped", [])],
+        },
+        "restores": [{"step": r["step"], "path": r["path"], "load_s": r["load_s"]} for r in restores],
+        "faults": fault_reports,
+        "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
+        "unreadable_lines": bad,
+    }
+
+
+def write_summary(out_dir: str | Path) -> Path:
+    """Write summarize(out_dir) to `<out_dir>/summary.json` (atomically) and return its path."""
+    path = Path(out_dir) / "summary.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(summarize(out_dir), indent=2, default=_json_default) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+class PrometheusExporter:
+    """Serves the trainer's live figures on http://<addr>:<port>/metrics, fed with rank 0's events.
+
+    Port 0 picks a free port (read it back from `.port`).
+
+    Create it once per process, outside any in-process restart loop (it owns a listening socket), and
+    pass it to rank 0's EventLog. It uses its own registry, so building it twice in one process is safe.
+    """
+
+    def __init__(self, port: int, *, addr: str = "0.0.0.0", start: bool = True) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        self.port, self.addr = port, addr
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = Gauge("trainer_step", "Last completed global step", registry=r)
+        self.loss = Gauge("trainer_loss", "Loss of the last step", registry=r)
+        self.step_seconds = Gauge("trainer_step_seconds", "Duration of the last step", registry=r)
+        self.tokens = Counter("trainer_tokens", "Tokens processed by this process", registry=r)
+        self.ckpt_blocked = Gauge(
+            "trainer_ckpt_blocked_seconds", "Time the loop was blocked by the last save", registry=r
+        )
+        self.ckpt_commits = Counter("trainer_ckpt_commits", "Checkpoints committed", registry=r)
+        self.ckpt_last_step = Gauge("trainer_ckpt_last_step", "Step of the last commit", registry=r)
+        self.faults = Counter("trainer_faults_detected", "Faults detected", ["tier"], registry=r)
+        self.restores = Counter("trainer_restores", "Checkpoint restores", registry=r)
+        self.restore_seconds = Gauge("trainer_restore_seconds", "Duration of the last restore", registry=r)
+        self._server: Any = None
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start serving (idempotent)."""
+        if self._server is None:
+            from prometheus_client import start_http_server
+
+            self._server, _ = start_http_server(self.port, addr=self.addr, registry=self.registry)
+            if self.port == 0:
+                self.port = int(self._server.server_port)
+
+    def update(self, record: dict[str, Any]) -> None:
+        """Apply one event record (as written by EventLog.emit)."""
+        ev = record["ev"]
+        if ev == "step":
+            self.step.set(record["step"])
+            self.loss.set(float(record["loss"]))
+            self.step_seconds.set(float(record["t_end"]) - float(record["t_start"]))
+            self.tokens.inc(int(record["tokens"]))
+        elif ev == "ckpt_save":
+            self.ckpt_blocked.set(float(record["blocked_s"]))
+        elif ev == "ckpt_commit":
+            self.ckpt_commits.inc()
+            self.ckpt_last_step.set(record["step"])
+        elif ev == "fault_detected":
+            self.faults.labels(tier=str(record["tier"])).inc()
+        elif ev == "restore":
+            self.restores.inc()
+            self.restore_seconds.set(float(record["load_s"]))
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
