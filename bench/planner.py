@@ -259,32 +259,43 @@ DEFAULT_SCALES = (8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 # ----------------------------------------------------------------------------- validation on a run
-def plan_from_summary(summary: dict[str, Any], interval_s: float | None = None) -> Plan:
-    """The planner inputs measured in one run's ``summary.json`` (Contract 3).
+def plan_from_summary(
+    summary: dict[str, Any], interval_s: float | None = None, ckpt_interval_steps: int | None = None
+) -> Plan:
+    """The planner inputs measured in one run's ``summary.json`` (Contract 3, ``trainer.metrics``).
 
-    Fault rate = faults / running time (wall minus recovery); one tier per tier number seen, with its
-    share of the faults and its median MTTR; rollback is ``checkpoint`` when that tier's faults
-    recomputed steps and ``memory`` otherwise; stall = mean blocked time per save; interval = the
-    run's checkpoint interval in steps times the mean productive step time (or ``interval_s``).
+    - step time = productive_s / steps; interval = checkpoint interval in steps x step time (or
+      ``interval_s``);
+    - stall = mean blocked time per save (``ckpt.stall_s.mean``);
+    - one tier per tier number seen, with its share of the faults; its MTTR is the median of
+      ``mttr_s - steps_recomputed x step time``, because Contract 3's mttr_s runs to the first *kept*
+      step and so includes the recompute, which the model counts separately;
+    - rollback ``checkpoint`` when that tier's faults restored a checkpoint or recomputed steps, else
+      ``memory``;
+    - fault rate = recovered faults / running time (wall minus recovery).
     """
     steps = _num(summary, "steps")
     wall = _num(summary, "wall_s")
     productive = _num(summary, "productive_s")
-    faults = list(summary.get("faults") or [])
     if steps <= 0 or productive <= 0:
         raise PlanError("summary: steps and productive_s must be > 0")
     step_s = productive / steps
     if interval_s is None:
-        ckpt_steps = _ckpt_interval_steps(summary)
-        interval_s = ckpt_steps * step_s
-    stall = float(summary.get("ckpt_stall_mean_s") or _mean(summary.get("ckpt_stall_s") or [0.0]))
-    by_tier: dict[str, list[dict[str, Any]]] = {}
-    for f in faults:
+        if ckpt_interval_steps is None:
+            raise PlanError("ckpt_interval_steps: not in summary.json; pass it (or interval_s)")
+        interval_s = ckpt_interval_steps * step_s
+    stall_stats = (summary.get("ckpt") or {}).get("stall_s") or {}
+    stall = float(stall_stats.get("mean") or 0.0)
+    by_tier: dict[str, list[tuple[float, bool]]] = {}
+    for f in summary.get("faults") or []:
         if f.get("mttr_s") is None:
             continue  # a fault the run never recovered from has no MTTR to plan with
-        by_tier.setdefault(f"tier{f.get('tier')}", []).append(f)
+        recomputed = int(f.get("steps_recomputed") or 0)
+        recovery_s = max(0.0, float(f["mttr_s"]) - recomputed * step_s)
+        rolled_back = recomputed > 0 or f.get("restored_step") is not None
+        by_tier.setdefault(f"tier{f.get('tier')}", []).append((recovery_s, rolled_back))
     n = sum(len(v) for v in by_tier.values())
-    recovery = sum(float(f["mttr_s"]) for v in by_tier.values() for f in v)
+    recovery = sum(r for v in by_tier.values() for r, _ in v)
     running = max(wall - recovery, productive)
     if n == 0:
         tiers: tuple[Tier, ...] = (Tier("none", 1.0, 0.0, "checkpoint"),)
@@ -293,46 +304,76 @@ def plan_from_summary(summary: dict[str, Any], interval_s: float | None = None) 
             Tier(
                 name,
                 len(v) / n,
-                _median([float(f["mttr_s"]) for f in v]),
-                "checkpoint" if any((f.get("steps_recomputed") or 0) > 0 for f in v) else "memory",
+                _median([r for r, _ in v]),
+                "checkpoint" if any(rb for _, rb in v) else "memory",
             )
             for name, v in sorted(by_tier.items())
         )
-    # One "node" so that the per-GPU rate times GPUs is just the run's own fault rate.
+    # One "node" of one GPU, so that the per-GPU rate is the run's own fault rate.
     return Plan(1, 1, n / running * 3600.0, tiers, stall, interval_s)
 
 
-def predict_from_summary(path: str | Path, interval_s: float | None = None) -> dict[str, Any]:
-    """Predict a run's efficiency from its measured parameters and compare with what it measured."""
-    summary = json.loads(Path(path).read_text())
-    plan = plan_from_summary(summary, interval_s)
+def run_overheads(out_dir: str | Path) -> dict[str, Any]:
+    """What the model does not cover, measured from a run's events: start-up before the first step,
+    the tail after the last one, and the run's checkpoint interval (from ``run_start``'s config)."""
+    events: list[dict[str, Any]] = []
+    for path in sorted(Path(out_dir).glob("events.rank*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line torn by a SIGKILL
+    if not events:
+        return {}
+    events.sort(key=lambda e: float(e["t"]))
+    steps = [e for e in events if e["ev"] == "step" and int(e["rank"]) == 0]
+    out: dict[str, Any] = {}
+    if steps:
+        out["startup_s"] = float(steps[0]["t_start"]) - float(events[0]["t"])
+        out["tail_s"] = float(events[-1]["t"]) - max(float(e["t_end"]) for e in steps)
+    start = next((e for e in events if e["ev"] == "run_start"), None)
+    interval = ((start or {}).get("config") or {}).get("ckpt", {}).get("interval_steps")
+    if interval:
+        out["ckpt_interval_steps"] = int(interval)
+    return out
+
+
+def predict_from_summary(
+    path: str | Path, interval_s: float | None = None, ckpt_interval_steps: int | None = None
+) -> dict[str, Any]:
+    """Predict a run's efficiency from its measured parameters and compare with what it measured.
+
+    ``path`` is the run's summary.json; the event files next to it give the checkpoint interval and
+    the start-up and tail times, which the steady-state model does not cover. ``predicted_efficiency``
+    adds those measured fixed costs to the model's wall time (``productive / model_efficiency``);
+    ``model_efficiency`` is the steady-state figure alone.
+    """
+    path = Path(path)
+    summary = json.loads(path.read_text())
+    extra = run_overheads(path.parent)
+    steps_interval = ckpt_interval_steps or extra.get("ckpt_interval_steps")
+    plan = plan_from_summary(summary, interval_s, steps_interval)
     out = evaluate(plan)
-    measured = summary.get("efficiency")
+    productive = float(summary["productive_s"])
+    fixed = float(extra.get("startup_s", 0.0)) + float(extra.get("tail_s", 0.0))
+    predicted = productive / (productive / out.efficiency + fixed) if out.efficiency > 0 else 0.0
+    measured = summary.get("training_efficiency", summary.get("efficiency"))
     return {
-        "predicted_efficiency": out.efficiency,
+        "predicted_efficiency": predicted,
+        "model_efficiency": out.efficiency,
         "measured_efficiency": measured,
-        "difference_pp": None if measured is None else 100.0 * (out.efficiency - float(measured)),
+        "difference_pp": None if measured is None else 100.0 * (predicted - float(measured)),
+        "fixed_overheads_s": {k: extra[k] for k in ("startup_s", "tail_s") if k in extra},
+        "faults": len(summary.get("faults") or []),
         "plan": _plan_dict(plan),
         "lost": out.lost(),
     }
-
-
-def _ckpt_interval_steps(summary: dict[str, Any]) -> float:
-    for holder in (summary, summary.get("config") or {}):
-        for key in ("ckpt_interval", "ckpt_interval_steps"):
-            if holder.get(key):
-                return float(holder[key])
-    raise PlanError("summary: no ckpt_interval (top level or under config); pass interval_s")
 
 
 def _num(summary: dict[str, Any], key: str) -> float:
     if key not in summary:
         raise PlanError(f"summary: missing field {key!r}")
     return float(summary[key])
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
 
 
 def _median(xs: Sequence[float]) -> float:

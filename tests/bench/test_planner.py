@@ -137,40 +137,68 @@ def test_tier_spec_parsing():
 
 
 def _summary(faults, efficiency=0.8):
+    # The shape trainer.metrics.summarize writes.
     return {
         "steps": 100,
         "wall_s": 125.0,
         "productive_s": 100.0,
-        "efficiency": efficiency,
-        "ckpt_stall_mean_s": 0.5,
-        "config": {"ckpt_interval": 10},
+        "training_efficiency": efficiency,
+        "ckpt": {"saves": 10, "stall_s": {"mean": 0.5, "median": 0.5}},
         "faults": faults,
     }
 
 
 def test_plan_from_summary_uses_the_runs_measured_parameters():
     faults = [
-        {"fault": "exception", "tier": 1, "mttr_s": 2.0, "steps_recomputed": 0, "recovered": True},
-        {"fault": "sigkill", "tier": 2, "mttr_s": 8.0, "steps_recomputed": 4, "recovered": True},
-        {"fault": "hang", "tier": 2, "mttr_s": 12.0, "steps_recomputed": 6, "recovered": True},
+        {"type": "exception", "tier": 1, "mttr_s": 2.0, "steps_recomputed": 0, "restored_step": None},
+        {"type": "sigkill", "tier": 2, "mttr_s": 8.0, "steps_recomputed": 4, "restored_step": 9},
+        {"type": "hang", "tier": 2, "mttr_s": 12.0, "steps_recomputed": 6, "restored_step": 19},
+        {"type": "hang", "tier": 2, "mttr_s": None, "steps_recomputed": None, "restored_step": None},
     ]
-    plan = planner.plan_from_summary(_summary(faults))
+    plan = planner.plan_from_summary(_summary(faults), ckpt_interval_steps=10)
     assert plan.interval_s == pytest.approx(10.0)  # 10 steps x 1 s
     assert plan.stall_s == pytest.approx(0.5)
-    assert plan.fault_rate_s == pytest.approx(3 / (125.0 - 22.0))
+    # Recovery excludes the recompute (4 and 6 steps of 1 s), which the model counts on its own.
     by_name = {t.name: t for t in plan.tiers}
     assert by_name["tier1"] == Tier("tier1", 1 / 3, 2.0, "memory")
-    assert by_name["tier2"] == Tier("tier2", 2 / 3, 10.0, "checkpoint")
+    assert by_name["tier2"] == Tier("tier2", 2 / 3, 5.0, "checkpoint")
+    assert plan.fault_rate_s == pytest.approx(3 / (125.0 - 12.0))
+    with pytest.raises(PlanError, match="ckpt_interval_steps"):
+        planner.plan_from_summary(_summary(faults))
 
 
-def test_predict_from_summary_reports_the_difference(tmp_path):
-    path = tmp_path / "summary.json"
-    path.write_text(json.dumps(_summary([{"tier": 2, "mttr_s": 5.0, "steps_recomputed": 5}], 0.9)))
+def _write_run(tmp_path, summary, interval=10):
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    events = [
+        {"ev": "run_start", "t": 0.0, "rank": 0, "config": {"ckpt": {"interval_steps": interval}}},
+        {"ev": "step", "t": 3.0, "rank": 0, "step": 0, "t_start": 2.0, "t_end": 3.0},
+        {"ev": "step", "t": 122.0, "rank": 0, "step": 99, "t_start": 121.0, "t_end": 122.0},
+        {"ev": "run_end", "t": 125.0, "rank": 0},
+    ]
+    (tmp_path / "events.rank0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events) + "{torn")
+    return tmp_path / "summary.json"
+
+
+def test_predict_from_summary_adds_measured_fixed_costs(tmp_path):
+    path = _write_run(tmp_path, _summary([{"tier": 2, "mttr_s": 10.0, "steps_recomputed": 5}], 0.8))
     result = planner.predict_from_summary(path)
-    assert 0.0 < result["predicted_efficiency"] < 1.0
-    assert result["difference_pp"] == pytest.approx(100 * (result["predicted_efficiency"] - 0.9))
+    assert result["fixed_overheads_s"] == {"startup_s": 2.0, "tail_s": 3.0}
+    model = result["model_efficiency"]
+    assert result["predicted_efficiency"] == pytest.approx(100.0 / (100.0 / model + 5.0))
+    assert result["difference_pp"] == pytest.approx(100 * (result["predicted_efficiency"] - 0.8))
+    assert result["plan"]["interval_s"] == pytest.approx(10.0)
     with pytest.raises(PlanError, match="wall_s"):
         planner.plan_from_summary({"steps": 1})
+
+
+def test_prediction_on_a_synthetic_run_with_known_costs(tmp_path):
+    # 100 s of steps, 10 saves of 0.5 s, one rollback fault with 5 s recovery and 5 s recompute, 5 s fixed:
+    # the measured wall is 120 s. The model's expected recompute for one fault is half a segment here, so
+    # the prediction must land close to the measured 100/120.
+    summary = _summary([{"tier": 2, "mttr_s": 10.0, "steps_recomputed": 5, "restored_step": 44}], 100 / 120)
+    summary["wall_s"] = 120.0
+    result = planner.predict_from_summary(_write_run(tmp_path, summary))
+    assert abs(result["difference_pp"]) < 2.0
 
 
 def test_cli_prints_plan_and_writes_plot(tmp_path, capsys):
