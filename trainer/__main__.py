@@ -1,0 +1,30 @@
+"""`python -m trainer`: parse and validate the configuration, then train (see trainer/train.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from trainer.config import ConfigError, config_from_args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for a configuration error, before any process group)."""
+    try:
+        cfg = config_from_args(argv)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=os.environ.get("TRAINER_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s %(levelname)s %(message)s",
+    )
+    from trainer.train import main as train_main  # torch.distributed imports only after validation
+
+    return train_main(cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

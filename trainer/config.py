@@ -1,0 +1,258 @@
+"""Typed trainer configuration and its command line, validated before any process group starts.
+
+Every check raises ConfigError(field, why); `python -m trainer` prints it as `config error: <field>: why`
+and exits with status 2, so a bad chart value fails in seconds with the field named, instead of after a
+rendezvous, a process group and a model build.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trainer.faults import FaultSpec, parse_fault
+from trainer.model import PRESETS, ModelConfig
+from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
+
+Device = Literal["auto", "cpu", "cuda"]
+CkptMode = Literal["nvrx", "torch-async", "sync"]
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; str() is `config error: <field>: why`."""
+
+    def __init__(self, field_name: str, why: str) -> None:
+        super().__init__(f"config error: {field_name}: {why}")
+        self.field = field_name
+        self.why = why
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    """Checkpoint options as given on the command line (turned into the manager's CheckpointConfig)."""
+
+    dir: Path
+    """Shared checkpoint directory (FSx on the cluster)."""
+    local_dir: Path | None = None
+    """Optional node-local tier in front of `dir` (NVMe on the cluster)."""
+    interval_steps: int = 10
+    """Save every this many global steps."""
+    keep_latest: int = 3
+    """Committed checkpoints kept; older ones are deleted after a commit."""
+    mode: CkptMode = "nvrx"
+    """nvrx (NVRx async worker), torch-async (dcp.async_save) or sync (dcp.save)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs. Construct through `from_args` or directly; both validate."""
+
+    data_path: Path
+    """Token file (.npy) written by `python -m trainer.data`."""
+    out_dir: Path
+    """Events, summary.json and fault markers of this run."""
+    ckpt: CheckpointSettings
+    preset: str = "tiny"
+    """Model size: one of trainer.model.PRESETS."""
+    seq_len: int = 128
+    micro_batch_size: int = 4
+    """Sequences per rank per step (no gradient accumulation)."""
+    steps: int = 100
+    """Global steps of the whole run (a resumed run stops at the same step)."""
+    lr: float = 3e-4
+    seed: int = 1234
+    """Seeds model init and data order; the same seed and steps give bitwise the same final state."""
+    inprocess: bool = True
+    """Tier 1: wrap the loop in nvidia_resiliency_ext.inprocess.Wrapper."""
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    faults: tuple[FaultSpec, ...] = ()
+    fault_seed: int = 0
+    """Seed for rank=random in fault specs."""
+    metrics_port: int = 0
+    """Prometheus port on rank 0; 0 disables the exporter."""
+    device: Device = "auto"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def model(self) -> ModelConfig:
+        return PRESETS[self.preset]
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first bad field. Touches no process group."""
+        if self.preset not in PRESETS:
+            raise ConfigError("preset", f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
+        if not self.data_path.is_file():
+            raise ConfigError(
+                "data_path", f"{self.data_path} is not a file (write one with python -m trainer.data)"
+            )
+        if not 1 <= self.seq_len <= self.model.max_seq_len:
+            raise ConfigError("seq_len", f"must be in [1, {self.model.max_seq_len}] for preset {self.preset}")
+        for name in ("micro_batch_size", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError("lr", f"must be a positive finite number, got {self.lr}")
+        if self.seed < 0 or self.fault_seed < 0:
+            raise ConfigError("seed" if self.seed < 0 else "fault_seed", "must be >= 0")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port", f"must be in [0, 65535], got {self.metrics_port}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("device", f"must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("device", "cuda requested but torch sees no GPU")
+        self._validate_ckpt()
+        try:
+            self.timeouts.check()
+        except TimeoutNestingError as exc:
+            raise ConfigError(exc.field, exc.message) from None
+        for spec in self.faults:
+            if spec.step >= self.steps and spec.kind != "ckpt-crash":
+                raise ConfigError(
+                    "fault", f"{spec} fires at step {spec.step}, the run ends before it ({self.steps})"
+                )
+            if spec.kind == "ckpt-crash" and not self._saves_at_or_after(spec.step):
+                raise ConfigError("fault", f"{spec}: no checkpoint is saved at or after step {spec.step}")
+
+    def _validate_ckpt(self) -> None:
+        c = self.ckpt
+        if c.interval_steps < 1:
+            raise ConfigError("ckpt_interval", f"must be >= 1, got {c.interval_steps}")
+        if c.keep_latest < 1:
+            raise ConfigError("ckpt_keep", f"must be >= 1, got {c.keep_latest}")
+        if c.mode not in ("nvrx", "torch-async", "sync"):
+            raise ConfigError("ckpt_mode", f"must be nvrx, torch-async or sync, got {c.mode!r}")
+        if c.local_dir is not None and c.local_dir.resolve() == c.dir.resolve():
+            raise ConfigError("ckpt_local_dir", "must differ from ckpt_dir")
+
+    def _saves_at_or_after(self, step: int) -> bool:
+        # A save happens after step s completes when (s + 1) % interval == 0 (see train.py).
+        interval = self.ckpt.interval_steps
+        first = max(step, interval - 1)
+        first += (-(first + 1)) % interval
+        return first < self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly view for the `run_start` event."""
+        out = asdict(self)
+        out["faults"] = [str(f) for f in self.faults]
+        return _jsonable(out)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The CLI. Option names are fixed: the Helm chart renders them."""
+    d = Timeouts()
+    p = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="FSDP2 LLM trainer with NVRx in-process (tier 1) and ft_launcher (tier 2) recovery.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)}")
+    p.add_argument(
+        "--data-path", required=True, type=Path, help="token file (.npy) from python -m trainer.data"
+    )
+    p.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    p.add_argument("--micro-batch-size", type=int, default=4, help="sequences per rank per step")
+    p.add_argument("--steps", type=int, default=100, help="global steps of the whole run")
+    p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    p.add_argument("--seed", type=int, default=1234, help="seed of model init and data order")
+    p.add_argument(
+        "--ckpt-dir", type=Path, default=None, help="shared checkpoint dir (default: OUT_DIR/ckpt)"
+    )
+    p.add_argument("--ckpt-local-dir", type=Path, default=None, help="node-local checkpoint tier (optional)")
+    p.add_argument("--ckpt-interval", type=int, default=10, help="save every N steps")
+    p.add_argument("--ckpt-keep", type=int, default=3, help="committed checkpoints to keep")
+    p.add_argument("--ckpt-mode", choices=["nvrx", "torch-async", "sync"], default="nvrx", help="save path")
+    p.add_argument(
+        "--out-dir", type=Path, default=Path("out/run"), help="events, summary.json, fault markers"
+    )
+    p.add_argument(
+        "--inprocess", action=argparse.BooleanOptionalAction, default=True, help="tier-1 in-process restart"
+    )
+    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout, help="seconds")
+    p.add_argument("--inprocess-soft-timeout", type=float, default=d.inprocess_soft_timeout, help="seconds")
+    p.add_argument("--inprocess-hard-timeout", type=float, default=d.inprocess_hard_timeout, help="seconds")
+    p.add_argument(
+        "--inprocess-barrier-timeout", type=float, default=d.inprocess_barrier_timeout, help="seconds"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=d.heartbeat_timeout,
+        help="= ft_launcher --ft-rank-heartbeat-timeout",
+    )
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="KIND:step=N[:rank=R|random][:node=K], repeatable; also env TRAINER_FAULTS (';'-separated). "
+        "KIND: exception, sigkill, hang, stop, node-loss, ckpt-crash, ckpt-corrupt",
+    )
+    p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available"
+    )
+    return p
+
+
+def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> TrainConfig:
+    """Parse argv (and TRAINER_FAULTS from env) into a validated TrainConfig; raise ConfigError."""
+    args = make_parser().parse_args(argv)
+    env = dict(os.environ) if env is None else env
+    texts = list(args.fault) + [t for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
+    faults = []
+    for text in texts:
+        try:
+            faults.append(parse_fault(text))
+        except ValueError as exc:
+            raise ConfigError("fault", str(exc)) from None
+    return TrainConfig(
+        data_path=args.data_path,
+        out_dir=args.out_dir,
+        ckpt=CheckpointSettings(
+            dir=args.ckpt_dir if args.ckpt_dir is not None else args.out_dir / "ckpt",
+            local_dir=args.ckpt_local_dir,
+            interval_steps=args.ckpt_interval,
+            keep_latest=args.ckpt_keep,
+            mode=args.ckpt_mode,
+        ),
+        preset=args.preset,
+        seq_len=args.seq_len,
+        micro_batch_size=args.micro_batch_size,
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+        inprocess=args.inprocess,
+        timeouts=Timeouts(
+            collective_timeout=args.collective_timeout,
+            inprocess_soft_timeout=args.inprocess_soft_timeout,
+            inprocess_hard_timeout=args.inprocess_hard_timeout,
+            inprocess_barrier_timeout=args.inprocess_barrier_timeout,
+            heartbeat_timeout=args.heartbeat_timeout,
+        ),
+        faults=tuple(faults),
+        fault_seed=args.fault_seed,
+        metrics_port=args.metrics_port,
+        device=args.device,
+    )

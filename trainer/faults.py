@@ -1,0 +1,202 @@
+"""Deterministic fault injection, off by default.
+
+A fault is `KIND:step=N[:rank=R][:node=K]` given with `--fault` (repeatable) or in TRAINER_FAULTS
+(';'-separated). `rank=random` draws the rank from `--fault-seed`, so a run is reproducible. Each fault
+fires at most once per run, even across restarts: the firing rank first creates a marker file under
+`<out-dir>/faults/` with O_EXCL, then fires; a restarted process finds the marker and skips it.
+
+Kinds and where they fire (rank R defaults to 0, node K to 0):
+    exception     rank R raises InjectedFault at the start of step N        (tier 1)
+    sigkill       rank R sends itself SIGKILL at the start of step N        (tier 2)
+    hang          rank R loops in Python at the start of step N             (tier 1 soft timeout / tier 2)
+    stop          rank R sends itself SIGSTOP at the start of step N        (tier 2: a frozen process)
+    node-loss     every rank of node K (GROUP_RANK) kills its launcher agent's process group, i.e. the pod
+    ckpt-crash    rank R is killed inside the first checkpoint save of step >= N, after its shard is
+                  durable and before the commit (through CheckpointHooks.before_commit)
+    ckpt-corrupt  at the start of step N rank R corrupts the newest committed checkpoint, then is killed
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, cast, get_args
+
+FaultKind = Literal["exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt"]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+RANDOM = -1  # rank=random before it is resolved
+
+
+class InjectedFault(RuntimeError):
+    """The exception raised by an `exception` fault (tier 1 recovers from it)."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One parsed fault: kind, the global step where it fires, and which rank or node fires it."""
+
+    kind: FaultKind
+    step: int
+    rank: int = 0
+    node: int = 0
+
+    @property
+    def key(self) -> str:
+        """Stable name of the fault, used for its once-per-run marker file."""
+        return f"{self.kind}-step{self.step}-rank{self.rank}-node{self.node}"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
+
+
+def parse_fault(text: str) -> FaultSpec:
+    """Parse `KIND:step=N[:rank=R|random][:node=K]`; raise ValueError saying what is wrong."""
+    parts = [p.strip() for p in text.strip().split(":")]
+    kind = parts[0]
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"unknown kind {kind!r} in {text!r}; choose one of {', '.join(FAULT_KINDS)}")
+    fields: dict[str, str] = {}
+    for part in parts[1:]:
+        name, sep, value = part.partition("=")
+        if not sep or name not in ("step", "rank", "node") or name in fields:
+            raise ValueError(
+                f"bad part {part!r} in {text!r}; expected step=N, rank=R|random, node=K once each"
+            )
+        fields[name] = value
+    if "step" not in fields:
+        raise ValueError(f"{text!r} needs step=N")
+
+    def as_int(name: str, low: int) -> int:
+        try:
+            value = int(fields[name])
+        except ValueError:
+            raise ValueError(f"{name} must be an integer in {text!r}, got {fields[name]!r}") from None
+        if value < low:
+            raise ValueError(f"{name} must be >= {low} in {text!r}, got {value}")
+        return value
+
+    rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
+    node = as_int("node", 0) if "node" in fields else 0
+    return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node)
+
+
+def parse_faults(cli: Iterable[str], env_value: str | None) -> list[FaultSpec]:
+    """All faults from the CLI and the TRAINER_FAULTS value (';'-separated), in that order."""
+    texts = list(cli)
+    if env_value:
+        texts += [t for t in env_value.split(";") if t.strip()]
+    return [parse_fault(t) for t in texts]
+
+
+def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> list[FaultSpec]:
+    """Replace rank=random by a rank drawn from `seed` (same seed, same ranks); check ranks exist."""
+    rng = random.Random(seed)
+    out = []
+    for spec in specs:
+        rank = rng.randrange(world_size) if spec.rank == RANDOM else spec.rank
+        if rank >= world_size:
+            raise ValueError(
+                f"{spec.kind}:step={spec.step}: rank {rank} does not exist (world size {world_size})"
+            )
+        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node))
+    return out
+
+
+class FaultInjector:
+    """Fires the faults of one rank. `emit(fault, step)` records `fault_injected` just before firing."""
+
+    def __init__(
+        self,
+        specs: Sequence[FaultSpec],
+        *,
+        rank: int,
+        node: int,
+        marker_dir: Path,
+        emit: Callable[[str, int], None],
+    ) -> None:
+        self.rank, self.node = rank, node
+        self.marker_dir = marker_dir
+        self.emit = emit
+        self.specs = [s for s in specs if self._targets_me(s)]
+
+    def _targets_me(self, spec: FaultSpec) -> bool:
+        if spec.kind == "node-loss":
+            return spec.node == self.node
+        return spec.rank == self.rank
+
+    def _claim(self, spec: FaultSpec) -> bool:
+        """True once per run: create the marker file exclusively (a restarted process finds it)."""
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        # node-loss fires on every rank of the node: one marker per rank so each of them fires.
+        name = spec.key + (f"-r{self.rank}" if spec.kind == "node-loss" else "")
+        try:
+            fd = os.open(self.marker_dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        os.write(fd, f"{time.time()} pid={os.getpid()}\n".encode())
+        os.fsync(fd)
+        os.close(fd)
+        return True
+
+    def at_step(self, step: int, *, corrupt_newest: Callable[[], object] | None = None) -> None:
+        """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one)."""
+        for spec in self.specs:
+            if spec.kind == "ckpt-crash" or spec.step != step or not self._claim(spec):
+                continue
+            self.emit(spec.kind, step)
+            if spec.kind == "exception":
+                raise InjectedFault(f"injected {spec}")
+            if spec.kind == "ckpt-corrupt":
+                if corrupt_newest is not None:
+                    corrupt_newest()
+                _kill_self(signal.SIGKILL)
+            elif spec.kind == "sigkill":
+                _kill_self(signal.SIGKILL)
+            elif spec.kind == "stop":
+                _kill_self(signal.SIGSTOP)
+            elif spec.kind == "hang":
+                _hang()
+            elif spec.kind == "node-loss":
+                _lose_node()
+
+    def in_checkpoint(self, step: int) -> None:
+        """CheckpointHooks.before_commit: die inside the first save at or after a ckpt-crash step."""
+        for spec in self.specs:
+            if spec.kind == "ckpt-crash" and step >= spec.step and self._claim(spec):
+                self.emit(spec.kind, step)
+                _kill_self(signal.SIGKILL)
+
+
+def _kill_self(sig: signal.Signals) -> None:
+    os.kill(os.getpid(), sig)
+    # SIGSTOP returns when continued; SIGKILL never returns. Either way there is nothing left to do here.
+
+
+def _hang() -> None:
+    """Stuck in Python (not in C): the Wrapper's async exception can still interrupt it."""
+    while True:
+        time.sleep(0.05)
+
+
+def _lose_node() -> None:
+    """Kill this pod: its launcher agent with every worker, as when a node disappears.
+
+    Only under a launcher (TORCHELASTIC_RUN_ID set) and only when the agent leads its own process group
+    (LocalPod and Kubernetes containers start it that way): otherwise the group could be a test runner's,
+    and only this process dies.
+    """
+    agent = os.getppid()
+    if os.environ.get("TORCHELASTIC_RUN_ID") and agent > 1:
+        try:
+            if os.getpgid(agent) == agent:
+                os.killpg(agent, signal.SIGKILL)
+            else:
+                os.kill(agent, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _kill_self(signal.SIGKILL)

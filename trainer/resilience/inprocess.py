@@ -1,0 +1,150 @@
+"""Tier 1: in-process restart with nvidia_resiliency_ext.inprocess.Wrapper, made to work on CPU/gloo.
+
+What this module adds to a plain Wrapper, and why:
+
+* A restart health check that is safe without a GPU. NVRx 0.4.1 uses only the health check we pass;
+  NVRx >= 0.5 also appends NVML-based GPU/NVLink checks whenever LOCAL_RANK is set, which fail on a
+  CPU host. On CPU we construct the Wrapper with LOCAL_RANK hidden and then pin its chained check to ours.
+* An abort that makes recovery independent of the collective timeout. NVRx's default abort only aborts
+  NCCL; a gloo peer blocked in a collective stays blocked until the gloo timeout. Measured here: gloo's
+  `ProcessGroup.abort()` does not close its sockets, but destroying the group and dropping the last
+  reference does, and a blocked peer then fails at once ("Connection closed by peer"). So the training
+  function tears its session down (see trainer/train.py) and clears the frames of the exception before
+  re-raising, and the abort here destroys every group from the monitor thread as a second line.
+* A rank assignment that never shrinks the world. A dead process is tier 2's job: continuing with fewer
+  ranks would change the data layout and the sharding, so a terminated rank makes every survivor leave
+  the Wrapper (RestartAbort) and ft_launcher restarts all workers.
+* A bounded number of in-process restarts per rank (FaultCounter), after which the process exits and
+  tier 2 takes over.
+
+Only APIs present in both NVRx 0.4.1 and 0.7.x are used: Wrapper(store_factory, store_kwargs, abort,
+health_check, rank_assignment, the interval/timeout keywords), CallWrapper.ping/iteration, Abort,
+HealthCheck, RankAssignment, Compose, FaultCounter, CudaHealthCheck, exception.RestartAbort.
+"""
+
+# No `from __future__ import annotations` here: NVRx passes the CallWrapper to the wrapped function by
+# matching parameter annotations against the class, and string annotations break that match.
+
+import dataclasses
+import gc
+import logging
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from nvidia_resiliency_ext import inprocess
+from nvidia_resiliency_ext.inprocess.abort import Abort
+from nvidia_resiliency_ext.inprocess.exception import RestartAbort
+from nvidia_resiliency_ext.inprocess.health_check import CudaHealthCheck, FaultCounter, HealthCheck
+from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment, RankAssignmentCtx
+from nvidia_resiliency_ext.inprocess.state import Mode
+from nvidia_resiliency_ext.inprocess.store import TCPStore
+
+from trainer.resilience.timeouts import Ports, Timeouts
+
+CallWrapper = inprocess.CallWrapper
+log = logging.getLogger(__name__)
+
+MAX_INPROCESS_RESTARTS = 16
+"""Faults one rank may cause in-process before it exits and leaves recovery to ft_launcher."""
+
+
+def destroy_all_process_groups() -> None:
+    """Destroy every torch.distributed group and collect garbage so gloo closes its sockets."""
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:  # already half torn down by the other thread: nothing left to do
+            log.debug("destroy_process_group: %s", exc)
+    gc.collect()
+
+
+class DestroyGroupsAbort(Abort):
+    """Abort run by the Wrapper's monitor thread: destroy all groups (NCCL is aborted first on GPU)."""
+
+    def __call__(self, state: Any) -> Any:
+        if torch.cuda.is_available() and dist.is_available() and dist.is_initialized():
+            # NCCL communicators must be aborted before destroy, or destroy may block on pending work.
+            inprocess.abort.AbortTorchDistributed()(state)
+        destroy_all_process_groups()
+        return state
+
+
+class CpuSafeHealthCheck(HealthCheck):
+    """CUDA context check when a GPU is in use; on CPU only checks that torch still computes."""
+
+    def __init__(self) -> None:
+        self._cuda = CudaHealthCheck()
+
+    def __call__(self, state: Any) -> Any:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return self._cuda(state)
+        if int(torch.ones(4).sum().item()) != 4:
+            raise RuntimeError("torch CPU sanity check failed")
+        return state
+
+
+class FixedWorld(RankAssignment):
+    """Keep every rank active with its rank; leave the Wrapper if any rank was terminated (tier 2)."""
+
+    def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
+        if ctx.terminated_ranks:
+            raise RestartAbort(f"ranks {sorted(ctx.terminated_ranks)} terminated: leaving recovery to tier 2")
+        ctx.state = dataclasses.replace(
+            ctx.state,
+            mode=Mode.ACTIVE,
+            active_rank=ctx.state.rank,
+            active_world_size=ctx.state.world_size,
+        )
+        return ctx
+
+
+@contextmanager
+def _without_local_rank_on_cpu():
+    """Hide LOCAL_RANK while NVRx >= 0.5 builds its chained NVML health checks on a CPU-only host."""
+    saved = os.environ.get("LOCAL_RANK")
+    hide = saved is not None and not torch.cuda.is_available()
+    if hide:
+        del os.environ["LOCAL_RANK"]
+    try:
+        yield
+    finally:
+        if hide and saved is not None:
+            os.environ["LOCAL_RANK"] = saved
+
+
+def make_wrapper(timeouts: Timeouts, ports: Ports) -> inprocess.Wrapper:
+    """A Wrapper configured from the one place that holds timeouts and ports."""
+    health = inprocess.Compose(CpuSafeHealthCheck(), FaultCounter(max_rank_faults=MAX_INPROCESS_RESTARTS))
+    with _without_local_rank_on_cpu():
+        wrapper = inprocess.Wrapper(
+            store_factory=TCPStore,
+            store_kwargs={
+                "host_name": ports.host,
+                "port": ports.inprocess_port,
+                "timeout": timeouts.wrapper_kwargs()["barrier_timeout"],
+            },
+            abort=DestroyGroupsAbort(),
+            health_check=health,
+            rank_assignment=FixedWorld(),
+            **timeouts.wrapper_kwargs(),
+        )
+    if hasattr(wrapper, "restart_health_check") and not torch.cuda.is_available():
+        wrapper.restart_health_check = health  # NVRx >= 0.5: only our CPU-safe checks after a fault
+    return wrapper
+
+
+def run_inprocess(fn: Callable[[Any], Any], timeouts: Timeouts, ports: Ports) -> Any:
+    """Run `fn(call_wrapper)` under the Wrapper; it is re-run in the same process after a fault.
+
+    `fn` receives the active CallWrapper (for `.iteration` and `.ping()`), and must build its process
+    group, model and optimizer afresh on every call and tear them down before an exception leaves it.
+    """
+
+    def entry(call_wrapper: CallWrapper = None):  # type: ignore[assignment]
+        return fn(call_wrapper)
+
+    return make_wrapper(timeouts, ports)(entry)()

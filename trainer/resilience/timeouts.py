@@ -1,0 +1,142 @@
+"""Every timeout and port of the trainer, in one place, checked to nest.
+
+Recovery is layered: the fastest mechanism must give up before the next, slower one acts, or a slow tier
+kills work that a fast tier would have saved. From inner to outer:
+
+    collective_timeout          a gloo/NCCL collective gives up (the PG's own timeout)
+      < inprocess_soft_timeout  tier 1: a rank without progress is aborted and restarted in-process
+      < inprocess_hard_timeout  tier 1: that rank is terminated (SIGTERM, then SIGKILL)
+      < inprocess_barrier_timeout  tier 1: ranks wait this long for each other between iterations
+      < heartbeat_timeout       tier 2: ft_launcher declares a rank hung and restarts all workers
+
+`heartbeat_timeout` here must equal the launcher's `--ft-rank-heartbeat-timeout` (the chart renders both
+from one value). The launcher's `--ft-initial-rank-heartbeat-timeout` must also cover start-up (imports,
+process group, model build, checkpoint load); it is not checked here because the trainer never sees it.
+
+The Wrapper's internal intervals are derived here from these values, so the CLI exposes only the five
+above. The intervals are short because on CPU with gloo the Wrapper's polling is the main cost of a tier-1
+restart (see docs in trainer/resilience/inprocess.py); they can be raised at scale with the env knobs below.
+
+Ports (the chart must open them between pods, the local runner must keep them free):
+
+    MASTER_PORT       the launcher's rendezvous/agent store (ft_launcher/torchrun own it)
+    MASTER_PORT + 1   the training process group's TCPStore, hosted by global rank 0 (TRAINER_PG_PORT)
+    MASTER_PORT + 2   the in-process Wrapper's TCPStore, hosted by global rank 0 (TRAINER_INPROCESS_PORT)
+    --metrics-port    Prometheus exporter of rank 0 (0 = off)
+
+Why three stores: the launcher's store outlives worker restarts and carries its own keys; the PG's store
+gets a fresh key prefix per restart iteration; the Wrapper's store must survive the PG being torn down.
+Sharing a port makes rank 0 fail to bind or mixes keys across restarts. The host of both trainer stores
+is MASTER_ADDR unless TRAINER_STORE_HOST is set (use the pod-0 service name when the launcher rewrites
+MASTER_ADDR per pod).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+PG_PORT_OFFSET = 1
+INPROCESS_PORT_OFFSET = 2
+
+
+class TimeoutNestingError(ValueError):
+    """Raised when timeouts do not nest; `field` names the offending option."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """All recovery timeouts in seconds. `check()` enforces the nesting documented above."""
+
+    collective_timeout: float = 60.0
+    """Timeout of every collective of the training process group (gloo or NCCL)."""
+    inprocess_soft_timeout: float = 90.0
+    """Tier 1: seconds without progress before a rank is aborted and restarted in-process."""
+    inprocess_hard_timeout: float = 120.0
+    """Tier 1: seconds without progress before a rank is terminated."""
+    inprocess_barrier_timeout: float = 180.0
+    """Tier 1: how long ranks wait for each other at the Wrapper's barriers."""
+    heartbeat_timeout: float = 300.0
+    """Tier 2: ft_launcher's --ft-rank-heartbeat-timeout (must match the launcher flag)."""
+
+    def check(self) -> None:
+        """Raise TimeoutNestingError naming the first field that is not positive or does not nest."""
+        order = [
+            ("collective_timeout", self.collective_timeout),
+            ("inprocess_soft_timeout", self.inprocess_soft_timeout),
+            ("inprocess_hard_timeout", self.inprocess_hard_timeout),
+            ("inprocess_barrier_timeout", self.inprocess_barrier_timeout),
+            ("heartbeat_timeout", self.heartbeat_timeout),
+        ]
+        for name, value in order:
+            if not value > 0:
+                raise TimeoutNestingError(name, f"must be > 0 seconds, got {value}")
+        for (inner, inner_v), (outer, outer_v) in itertools.pairwise(order):
+            if not inner_v < outer_v:
+                raise TimeoutNestingError(
+                    outer,
+                    f"must be greater than {inner} ({inner_v} s) so the inner tier acts first, got {outer_v}",
+                )
+        if self.monitor_interval >= self.inprocess_soft_timeout:
+            raise TimeoutNestingError("inprocess_soft_timeout", "must exceed the Wrapper monitor interval")
+
+    # Derived Wrapper intervals (seconds). Short: detection latency is one interval on the monitor thread.
+    @property
+    def monitor_interval(self) -> float:
+        """Monitor thread/process poll interval of the Wrapper (TRAINER_INPROCESS_MONITOR_INTERVAL)."""
+        return float(os.environ.get("TRAINER_INPROCESS_MONITOR_INTERVAL", "0.1"))
+
+    @property
+    def last_call_wait(self) -> float:
+        """How long the Wrapper waits for concurrent faults from other ranks before aborting."""
+        return float(os.environ.get("TRAINER_INPROCESS_LAST_CALL_WAIT", "0.05"))
+
+    def wrapper_kwargs(self) -> dict[str, timedelta]:
+        """Keyword arguments for nvidia_resiliency_ext.inprocess.Wrapper (names valid in 0.4.1 and 0.7.x)."""
+        td = timedelta
+        interval = td(seconds=self.monitor_interval)
+        return {
+            "monitor_thread_interval": interval,
+            "monitor_process_interval": interval,
+            "progress_watchdog_interval": interval,
+            "heartbeat_interval": td(seconds=max(self.monitor_interval, 1.0)),
+            # Missing-rank detection between Wrapper monitor processes: as patient as the hard timeout.
+            "heartbeat_timeout": td(seconds=self.inprocess_hard_timeout),
+            "soft_timeout": td(seconds=self.inprocess_soft_timeout),
+            "hard_timeout": td(seconds=self.inprocess_hard_timeout),
+            "barrier_timeout": td(seconds=self.inprocess_barrier_timeout),
+            "completion_timeout": td(seconds=self.inprocess_barrier_timeout),
+            "last_call_wait": td(seconds=self.last_call_wait),
+            "termination_grace_time": td(seconds=min(5.0, self.inprocess_hard_timeout / 10)),
+        }
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Where the trainer's own stores live (see the module docstring)."""
+
+    host: str
+    pg_port: int
+    inprocess_port: int
+
+
+def trainer_ports(env: Mapping[str, str] | None = None) -> Ports:
+    """Ports of the training PG store and the Wrapper store, from MASTER_ADDR/MASTER_PORT or overrides."""
+    env = os.environ if env is None else env
+    host = env.get("TRAINER_STORE_HOST") or env.get("MASTER_ADDR") or "127.0.0.1"
+    base = int(env.get("MASTER_PORT", "29500"))
+    pg_port = int(env.get("TRAINER_PG_PORT", base + PG_PORT_OFFSET))
+    inprocess_port = int(env.get("TRAINER_INPROCESS_PORT", base + INPROCESS_PORT_OFFSET))
+    if len({base, pg_port, inprocess_port}) != 3:
+        raise ValueError(
+            f"ports: launcher {base}, process group {pg_port} and in-process {inprocess_port} must differ"
+        )
+    return Ports(host=host, pg_port=pg_port, inprocess_port=inprocess_port)

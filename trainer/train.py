@@ -1,0 +1,402 @@
+"""The training loop: process group -> model -> optimizer -> restore -> steps -> final state hash.
+
+`main(cfg)` runs once per process. With tier 1 on, `run_iteration` runs under the NVRx Wrapper and is
+re-run in the same process after a fault; everything distributed is built inside it, held by one
+`Session`, and torn down before an exception leaves it (see trainer/resilience/inprocess.py for why the
+teardown is what makes gloo recovery fast).
+
+Step numbering (shared with the event log and the checkpoints): steps are 0-based; a checkpoint is
+labelled with the last step it includes; a run resumes at `restored.step + 1` (-1 = nothing restored).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.device_mesh import init_device_mesh
+
+from trainer.config import TrainConfig
+from trainer.data import BatchCursor, TokenDataset
+from trainer.faults import FaultInjector, resolve_ranks
+from trainer.metrics import EventLog, PrometheusExporter, write_summary
+from trainer.model import build_model
+from trainer.resilience.timeouts import trainer_ports
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """Where this process sits in the job, from the launcher's environment (torchrun/ft_launcher)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    node: int
+    restart: int
+
+    @classmethod
+    def from_env(cls) -> ProcessInfo:
+        env = os.environ
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            node=int(env.get("GROUP_RANK", "0")),
+            restart=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
+
+
+class TrainerState(Stateful):
+    """What the checkpoint holds besides model and optimizer: last step done, data cursor, RNG."""
+
+    def __init__(self, cursor: BatchCursor) -> None:
+        self.step = -1
+        self.cursor = cursor
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "data": self.cursor.state_dict(), "rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.cursor.load_state_dict(state["data"])
+        torch.set_rng_state(state["rng"])
+
+
+def select_device(cfg: TrainConfig, local_rank: int) -> torch.device:
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+class Session:
+    """The distributed objects of one (re)start: built by `open`, dropped all at once by `teardown`.
+
+    Nothing else may keep a reference to the process group, the mesh or the model: gloo closes its
+    sockets (which is what unblocks peers at once) only when the last reference is gone.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.model: torch.nn.Module | None = None
+        self.optim: torch.optim.Optimizer | None = None
+        self.ckpt: Any = None
+        self.trainer: TrainerState | None = None
+        self.mesh: Any = None
+
+    def open(
+        self,
+        cfg: TrainConfig,
+        proc: ProcessInfo,
+        events: EventLog,
+        faults: FaultInjector,
+        store: dist.Store,
+        device: torch.device,
+    ) -> None:
+        """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore."""
+        from datetime import timedelta
+
+        from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=proc.rank,
+            world_size=proc.world_size,
+            timeout=timedelta(seconds=cfg.timeouts.collective_timeout),
+            device_id=device if device.type == "cuda" else None,
+        )
+        self.mesh = init_device_mesh(device.type, (proc.world_size,))
+        self.model = build_model(cfg.model, mesh=self.mesh, device=device, seed=cfg.seed)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        cursor = BatchCursor(
+            TokenDataset(cfg.data_path),
+            cfg.seq_len,
+            cfg.micro_batch_size,
+            proc.rank,
+            proc.world_size,
+            cfg.seed,
+        )
+        self.trainer = TrainerState(cursor)
+        self.ckpt = CheckpointManager(
+            CheckpointConfig(
+                dir=cfg.ckpt.dir,
+                local_dir=cfg.ckpt.local_dir,
+                interval_steps=cfg.ckpt.interval_steps,
+                keep_latest=cfg.ckpt.keep_latest,
+                mode=cfg.ckpt.mode,
+            ),
+            rank=proc.rank,
+            world_size=proc.world_size,
+            hooks=CheckpointHooks(before_commit=faults.in_checkpoint),
+            events=events,
+        )
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self.model, "optim": self.optim, "trainer": self.trainer}
+
+    def teardown(self) -> None:
+        """Close the checkpoint manager, drop every reference, destroy the process group. Idempotent."""
+        with self.lock:
+            if self.ckpt is not None:
+                try:
+                    self.ckpt.close()
+                except Exception as exc:  # a failed background write must not block recovery
+                    log.warning("checkpoint manager close failed during teardown: %s", exc)
+            self.model = self.optim = self.ckpt = self.trainer = self.mesh = None
+            if dist.is_available() and dist.is_initialized():
+                try:
+                    dist.destroy_process_group()
+                except Exception as exc:
+                    log.debug("destroy_process_group: %s", exc)
+            gc.collect()
+
+
+def _train_steps(
+    cfg: TrainConfig,
+    proc: ProcessInfo,
+    s: Session,
+    events: EventLog,
+    faults: FaultInjector,
+    heartbeat: Any,
+    call_wrapper: Any,
+) -> int:
+    """Restore, then run the remaining steps; returns the last step done. Reads everything via `s`."""
+    assert s.trainer is not None and s.model is not None and s.optim is not None
+    t0 = time.perf_counter()
+    restored = s.ckpt.load_latest(s.state())
+    load_s = time.perf_counter() - t0
+    for skipped in getattr(restored, "skipped", []) or []:
+        if proc.rank == 0:
+            path, reason = skipped if isinstance(skipped, tuple) else (skipped.path, skipped.reason)
+            events.emit("ckpt_skipped", path=str(path), reason=str(reason))
+    events.emit("restore", step=restored.step, path=str(restored.path or ""), load_s=load_s)
+    if restored.step >= 0 and s.trainer.step != restored.step:
+        raise RuntimeError(f"checkpoint of step {restored.step} holds trainer step {s.trainer.step}")
+    heartbeat.start()
+
+    tokens = cfg.micro_batch_size * cfg.seq_len * proc.world_size
+    loss_buf = torch.zeros(1, device=next(s.model.parameters()).device)
+    for step in range(s.trainer.step + 1, cfg.steps):
+        faults.at_step(step, corrupt_newest=lambda: _corrupt_newest(s))
+        t_start = time.time()
+        inputs, targets = s.trainer.cursor.next_batch()
+        device = loss_buf.device
+        logits = s.model(inputs.to(device))
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten())
+        loss.backward()
+        s.optim.step()
+        s.optim.zero_grad(set_to_none=True)
+        loss_buf.copy_(loss.detach())
+        dist.all_reduce(loss_buf)  # mean loss over ranks for the log (and a per-step liveness check)
+        s.trainer.step = step
+        t_end = time.time()
+        if proc.rank == 0:
+            events.emit(
+                "step",
+                step=step,
+                t_start=t_start,
+                t_end=t_end,
+                loss=loss_buf.item() / proc.world_size,
+                tokens=tokens,
+            )
+        heartbeat.beat()
+        if call_wrapper is not None:
+            call_wrapper.ping()
+        if s.ckpt.should_save(step):
+            result = s.ckpt.save(step, s.state())
+            events.emit(
+                "ckpt_save", step=step, blocked_s=result.blocked_s, mode=cfg.ckpt.mode, bytes=result.bytes
+            )
+        s.ckpt.maybe_finalize(blocking=False)
+    s.ckpt.wait()
+    return s.trainer.step
+
+
+def _corrupt_newest(s: Session) -> None:
+    """ckpt-corrupt: make the newest committed checkpoint unreadable (flip bytes in its largest file)."""
+    s.ckpt.wait()
+    newest = s.ckpt.latest_committed_path() if hasattr(s.ckpt, "latest_committed_path") else None
+    if newest is None:
+        return
+    files = sorted((p for p in Path(newest).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    if files:
+        with open(files[-1], "r+b") as fh:
+            size = files[-1].stat().st_size
+            fh.seek(size // 2)
+            chunk = fh.read(64)
+            fh.seek(size // 2)
+            fh.write(bytes(b ^ 0xFF for b in chunk))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def state_sha256(model: torch.nn.Module, optim: torch.optim.Optimizer) -> str | None:
+    """sha256 of the full (unsharded) model and optimizer state; a collective, the digest is on rank 0."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = {
+        "model": get_model_state_dict(model, options=opts),
+        "optim": get_optimizer_state_dict(model, optim, options=opts),
+    }
+    if dist.get_rank() != 0:
+        return None
+    digest = hashlib.sha256()
+    _hash_into(digest, full)
+    return digest.hexdigest()
+
+
+def _hash_into(digest: Any, value: Any) -> None:
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            digest.update(f"<{key}>".encode())
+            _hash_into(digest, value[key])
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _hash_into(digest, item)
+    elif isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    else:
+        digest.update(repr(value).encode())
+
+
+class Trainer:
+    """Per-process state that outlives in-process restarts: config, events, faults, heartbeat, stores."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.proc = ProcessInfo.from_env()
+        self.ports = trainer_ports()
+        self.device = select_device(cfg, self.proc.local_rank)
+        exporter = PrometheusExporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
+        self.events = EventLog(cfg.out_dir, self.proc.rank, exporter=exporter)
+        specs = resolve_ranks(cfg.faults, self.proc.world_size, cfg.fault_seed)
+        self.faults = FaultInjector(
+            specs,
+            rank=self.proc.rank,
+            node=self.proc.node,
+            marker_dir=cfg.out_dir / "faults",
+            emit=lambda kind, step: self.events.emit("fault_injected", fault=kind, step=step),
+        )
+        from trainer.resilience.heartbeat import Heartbeat
+
+        self.heartbeat = Heartbeat.from_env()
+        self.store: dist.Store | None = None
+        self.final_sha256: str | None = None
+        self.last_step = -1
+
+    def base_store(self) -> dist.Store:
+        """The training PG's TCPStore (rank 0 hosts it), kept across in-process restarts."""
+        if self.store is None:
+            from datetime import timedelta
+
+            self.store = dist.TCPStore(
+                self.ports.host,
+                self.ports.pg_port,
+                self.proc.world_size,
+                is_master=self.proc.rank == 0,
+                timeout=timedelta(seconds=self.cfg.timeouts.inprocess_barrier_timeout),
+                wait_for_workers=False,
+            )
+        return self.store
+
+    def run_iteration(self, call_wrapper: Any = None) -> str | None:
+        """One attempt: build, restore, train to the end; tears everything down before an exception leaves."""
+        iteration = int(call_wrapper.iteration) if call_wrapper is not None else 0
+        self.events.iteration = iteration
+        self.events.emit("run_start", world_size=self.proc.world_size, config=self.cfg.to_dict())
+        session = Session()
+        try:
+            # Fresh keys per launcher restart and per in-process iteration: stale keys would pair new
+            # ranks with a dead incarnation's.
+            prefix = f"pg/r{self.proc.restart}/i{iteration}"
+            session.open(
+                self.cfg,
+                self.proc,
+                self.events,
+                self.faults,
+                dist.PrefixStore(prefix, self.base_store()),
+                self.device,
+            )
+            self.last_step = _train_steps(
+                self.cfg, self.proc, session, self.events, self.faults, self.heartbeat, call_wrapper
+            )
+            assert session.model is not None and session.optim is not None
+            digest = state_sha256(session.model, session.optim)
+            self.events.emit(
+                "run_end",
+                step=self.last_step,
+                status="completed",
+                **({"state_sha256": digest} if digest else {}),
+            )
+            dist.barrier()  # every rank's run_end is written before rank 0 summarizes
+            if self.proc.rank == 0:
+                write_summary(self.cfg.out_dir)
+            session.teardown()
+            return digest
+        except BaseException as exc:
+            if self.cfg.inprocess and not isinstance(exc, SystemExit | KeyboardInterrupt):
+                self.events.emit("fault_detected", tier=1, reason=_reason(exc))
+            session.teardown()
+            # The traceback's finished frames hold the model (and so the process group): clear them, or
+            # the peers stay blocked in gloo until the collective timeout.
+            traceback.clear_frames(exc.__traceback__)
+            raise
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+def main(cfg: TrainConfig) -> int:
+    """Run the whole training of this process; returns the exit status."""
+    trainer = Trainer(cfg)
+    from trainer.resilience.termination import install_termination_handler
+
+    def on_terminate(signum: int) -> None:
+        trainer.events.emit("fault_detected", tier=2, reason=f"signal {signum} from the launcher")
+        trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+
+    install_termination_handler(on_terminate)
+    try:
+        if cfg.inprocess:
+            from trainer.resilience.inprocess import run_inprocess
+
+            run_inprocess(trainer.run_iteration, cfg.timeouts, trainer.ports)
+        else:
+            trainer.run_iteration(None)
+    except BaseException as exc:
+        trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+        log.error("training failed: %s", _reason(exc))
+        raise
+    finally:
+        trainer.heartbeat.stop()
+        trainer.events.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: python -m trainer")
