@@ -1,0 +1,300 @@
+{{/*
+The trainer pod (template metadata and spec), shared by the Job and the JobSet workloads. The container
+runs Contract 2 of docs/design.md: ft_launcher in exec form with `$(VAR)` references to its own env, so
+the local demo can run the very same argv after swapping the env entries that name cluster places.
+*/}}
+
+{{/* ft_launcher's arguments, then `-m trainer` and the trainer's. */}}
+{{- define "trainer.args" -}}
+{{- $v := .Values -}}
+- --nnodes=$(NNODES)
+- --nproc-per-node=$(NPROC_PER_NODE)
+- --rdzv-backend=c10d
+- --rdzv-endpoint=$(RDZV_ENDPOINT)
+- --rdzv-id=$(JOB_ID)
+- --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }}
+- --max-restarts={{ int $v.maxRestarts }}
+- --monitor-interval={{ $v.monitorInterval }}
+- --ft-restart-policy=any-failed
+- --ft-rank-heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
+- --ft-initial-rank-heartbeat-timeout={{ $v.ftInitialRankHeartbeatTimeout }}
+- --ft-workload-check-interval={{ $v.ftWorkloadCheckInterval }}
+- -m
+- trainer
+- --data-path=$(DATA_PATH)
+- --ckpt-dir=$(CHECKPOINT_DIR)
+- --ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)
+- --out-dir=$(OUT_DIR)
+- --preset={{ $v.preset }}
+- --seq-len={{ int $v.seqLen }}
+- --micro-batch-size={{ int $v.microBatchSize }}
+- --steps={{ int $v.steps }}
+- --lr={{ $v.lr }}
+- --seed={{ int $v.seed }}
+- --ckpt-interval={{ int $v.ckptInterval }}
+- --ckpt-keep={{ int $v.ckptKeep }}
+- --ckpt-mode={{ $v.ckptMode }}
+- {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
+- --collective-timeout={{ $v.collectiveTimeout }}
+- --inprocess-soft-timeout={{ $v.inprocessSoftTimeout }}
+- --inprocess-hard-timeout={{ $v.inprocessHardTimeout }}
+- --inprocess-barrier-timeout={{ $v.inprocessBarrierTimeout }}
+- --heartbeat-timeout={{ $v.inprocessHeartbeatTimeout }}
+{{- range $name := keys $v.faults | sortAlpha }}
+- --fault={{ get $v.faults $name }}
+{{- end }}
+- --fault-seed={{ int $v.faultSeed }}
+- --metrics-port={{ int $v.metricsPort }}
+- --device={{ $v.device }}
+{{- range $v.extraTrainerArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The trainer's env: plain values only (no downward API), so the demo can take them as they are. The
+first eight are the places Contract 2 names; the rest configure NCCL and EFA.
+*/}}
+{{- define "trainer.env" -}}
+{{- $v := .Values }}
+{{- $run := include "trainer.runName" . }}
+{{- $efa := include "trainer.efaPerNode" . | int -}}
+- name: NNODES
+  value: {{ int $v.nodes | quote }}
+- name: NPROC_PER_NODE
+  value: {{ int $v.gpusPerNode | quote }}
+- name: RDZV_ENDPOINT
+  value: {{ printf "%s:%d" (include "trainer.rdzvHost" .) (int $v.rdzvPort) | quote }}
+- name: JOB_ID
+  value: {{ include "trainer.fullname" . | quote }}
+- name: DATA_PATH
+  value: {{ $v.dataPath | quote }}
+- name: CHECKPOINT_DIR
+  value: {{ printf "%s/checkpoints/%s" (trimSuffix "/" $v.storage.mountPath) $run | quote }}
+- name: LOCAL_CHECKPOINT_DIR
+  value: {{ printf "%s/checkpoints/%s" (include "trainer.localNvmeMount" .) $run | quote }}
+- name: OUT_DIR
+  value: {{ printf "%s/runs/%s" (trimSuffix "/" $v.storage.mountPath) $run | quote }}
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: NCCL_DEBUG
+  value: {{ $v.ncclDebug | quote }}
+- name: NCCL_SOCKET_IFNAME
+  value: {{ $v.ncclSocketIfname | quote }}
+{{- if gt $efa 0 }}
+{{- /* libfabric's EFA provider with GPUDirect RDMA (p4d, p5, p5e and p5en all support it). */}}
+- name: FI_PROVIDER
+  value: efa
+- name: FI_EFA_USE_DEVICE_RDMA
+  value: "1"
+{{- if not $v.hugepages2Mi }}
+- name: FI_EFA_USE_HUGE_PAGE
+  value: "0"
+{{- end }}
+{{- end }}
+{{- /* ibverbs memory registration stays correct across fork() (data loader workers, ft_launcher). */}}
+- name: RDMAV_FORK_SAFE
+  value: "1"
+{{- if $v.runAsNonRoot }}
+- name: HOME
+  value: /tmp
+{{- end }}
+{{- range $name := keys $v.extraEnv | sortAlpha }}
+- name: {{ $name }}
+  value: {{ get $v.extraEnv $name | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Requests and limits: GPUs, EFA devices and huge pages are extended resources (limits = requests). */}}
+{{- define "trainer.resources" -}}
+{{- $v := .Values }}
+{{- $efa := include "trainer.efaPerNode" . | int -}}
+requests:
+  cpu: {{ $v.cpuRequest | quote }}
+  memory: {{ $v.memoryRequest | quote }}
+  nvidia.com/gpu: {{ int $v.gpusPerNode }}
+  {{- if gt $efa 0 }}
+  vpc.amazonaws.com/efa: {{ $efa }}
+  {{- end }}
+  {{- if $v.hugepages2Mi }}
+  hugepages-2Mi: {{ $v.hugepages2Mi | quote }}
+  {{- end }}
+limits:
+  nvidia.com/gpu: {{ int $v.gpusPerNode }}
+  {{- if gt $efa 0 }}
+  vpc.amazonaws.com/efa: {{ $efa }}
+  {{- end }}
+  {{- if $v.hugepages2Mi }}
+  hugepages-2Mi: {{ $v.hugepages2Mi | quote }}
+  {{- end }}
+  {{- if $v.memoryLimit }}
+  memory: {{ $v.memoryLimit | quote }}
+  {{- end }}
+{{- end }}
+
+{{/* The container security context: see runAsNonRoot in values.yaml for why root is the default. */}}
+{{- define "trainer.containerSecurityContext" -}}
+privileged: false
+allowPrivilegeEscalation: false
+capabilities:
+  drop: [ALL]
+  add: [IPC_LOCK]
+seccompProfile:
+  type: RuntimeDefault
+{{- if .Values.runAsNonRoot }}
+runAsNonRoot: true
+runAsUser: {{ int .Values.runAsUser }}
+runAsGroup: {{ int .Values.runAsGroup }}
+{{- end }}
+{{- end }}
+
+{{/* The pod template: metadata and spec. `subdomain` gives the pods DNS names under the Service. */}}
+{{- define "trainer.podTemplate" -}}
+{{- $v := .Values }}
+{{- $fullname := include "trainer.fullname" . -}}
+metadata:
+  labels:
+    {{- include "trainer.podLabels" . | nindent 4 }}
+  {{- with $v.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  restartPolicy: Never
+  {{- if eq $v.workload "job" }}
+  subdomain: {{ $fullname }}
+  {{- end }}
+  serviceAccountName: {{ $v.serviceAccountName }}
+  terminationGracePeriodSeconds: {{ int $v.terminationGracePeriodSeconds }}
+  {{- with $v.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $v.schedulerName }}
+  schedulerName: {{ . }}
+  {{- end }}
+  {{- if $v.runAsNonRoot }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: {{ int $v.runAsUser }}
+    runAsGroup: {{ int $v.runAsGroup }}
+    fsGroup: {{ int $v.runAsGroup }}
+    fsGroupChangePolicy: OnRootMismatch
+  {{- end }}
+  nodeSelector:
+    {{- include "trainer.nodeSelector" . | nindent 4 }}
+  {{- with $v.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if gt (int $v.syntheticTokens) 0 }}
+  initContainers:
+    {{- /* Pod 0 writes the token file under a temporary name and renames it (atomic on Lustre), so
+         the others never map a half-written file; they wait for the name to appear. */}}
+    - name: synthetic-data
+      image: {{ include "trainer.image" . }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command: [sh, -c]
+      args:
+        - |
+          set -eu
+          [ -f "$DATA_PATH" ] && exit 0
+          if [ "${JOB_COMPLETION_INDEX:-0}" = 0 ]; then
+            mkdir -p "$(dirname "$DATA_PATH")"
+            tmp="${DATA_PATH%.npy}.partial-$(hostname).npy"
+            python -m trainer.data --out "$tmp" --tokens {{ int64 $v.syntheticTokens }} --vocab {{ include "trainer.vocabSize" . }} --seed {{ int $v.seed }}
+            mv "$tmp" "$DATA_PATH"
+          else
+            waited=0
+            until [ -f "$DATA_PATH" ]; do
+              [ "$waited" -lt 900 ] || { echo "no $DATA_PATH after 900 s" >&2; exit 1; }
+              sleep 2; waited=$((waited + 2))
+            done
+          fi
+      env:
+        - name: DATA_PATH
+          value: {{ $v.dataPath | quote }}
+      securityContext:
+        {{- include "trainer.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        - name: fsx
+          mountPath: {{ $v.storage.mountPath }}
+  {{- end }}
+  containers:
+    - name: trainer
+      image: {{ include "trainer.image" . }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command: [ft_launcher]
+      args:
+        {{- include "trainer.args" . | nindent 8 }}
+      env:
+        {{- include "trainer.env" . | nindent 8 }}
+      ports:
+        - name: rdzv
+          containerPort: {{ int $v.rdzvPort }}
+        - name: metrics
+          containerPort: {{ int $v.metricsPort }}
+      resources:
+        {{- include "trainer.resources" . | nindent 8 }}
+      securityContext:
+        {{- include "trainer.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        - name: fsx
+          mountPath: {{ $v.storage.mountPath }}
+        - name: local-nvme
+          mountPath: {{ include "trainer.localNvmeMount" . }}
+        - name: dshm
+          mountPath: /dev/shm
+  volumes:
+    - name: fsx
+      persistentVolumeClaim:
+        claimName: {{ $v.storage.claimName }}
+    - name: local-nvme
+      hostPath:
+        path: {{ $v.storage.localNvmePath }}
+        type: Directory
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ $v.shmSize }}
+{{- end }}
+
+{{/* Pod failure handling shared by the Job and the JobSet's Job (see podRetriesPerIndex in values). */}}
+{{- define "trainer.jobFailureSpec" -}}
+{{- $v := .Values -}}
+completionMode: Indexed
+completions: {{ int $v.nodes }}
+parallelism: {{ int $v.nodes }}
+backoffLimit: {{ int $v.podRetriesTotal }}
+backoffLimitPerIndex: {{ int $v.podRetriesPerIndex }}
+{{- /* One index out of retries fails the run: training needs every node. */}}
+maxFailedIndexes: 0
+{{- /* A replacement waits until the old pod is gone: never two pods with one index and hostname. */}}
+podReplacementPolicy: Failed
+podFailurePolicy:
+  rules:
+    {{- /* Drains, evictions, preemption, node loss: replace the pod without counting it. */}}
+    - action: Ignore
+      onPodConditions:
+        - type: DisruptionTarget
+          status: "True"
+    {{- with $v.failJobExitCodes }}
+    - action: FailJob
+      onExitCodes:
+        containerName: trainer
+        operator: In
+        values:
+          {{- range . }}
+          - {{ int . }}
+          {{- end }}
+    {{- end }}
+{{- with $v.activeDeadlineSeconds }}
+activeDeadlineSeconds: {{ int . }}
+{{- end }}
+{{- if not (kindIs "invalid" $v.ttlSecondsAfterFinished) }}
+ttlSecondsAfterFinished: {{ int $v.ttlSecondsAfterFinished }}
+{{- end }}
+{{- end }}
