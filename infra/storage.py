@@ -1,0 +1,176 @@
+"""Shared storage: FSx for Lustre PERSISTENT_2 (Lustre 2.15, LZ4, KMS), its security group, the FSx CSI
+driver add-on with a Pod Identity role, an optional S3 data repository association, and a static PV/PVC.
+
+Deleting a stack never deletes a team's checkpoints: the file system and its KMS key are retained (the
+stack delete then stops at the subnet and security group the file system still uses, by design), the PV
+reclaim policy is Retain, and the CSI role can describe the file system but not delete it.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_fsx as fsx
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from infra.config import TeamConfig
+from infra.network import Network
+
+FSX_PVC_NAME = "fsx-shared"
+FSX_CSI_CONTROLLER_SA = "fsx-csi-controller-sa"
+# Lustre: 988 for the client/server protocol, 1018-1023 for LNet between clients and servers.
+LUSTRE_PORTS = [ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023)]
+
+
+class SharedStorage(Construct):
+    """The team's FSx for Lustre file system and its Kubernetes PV/PVC.
+
+    Attributes: `file_system`, `security_group`, `key`, `csi_addon`, `pvc_manifest`, `repository_association`
+    (None without `fsx.s3_path`).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        team: TeamConfig,
+        network: Network,
+        cluster: eks.Cluster,
+        namespace: eks.KubernetesManifest,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        config = team.fsx
+
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=network.vpc,
+            allow_all_outbound=True,
+            description=f"FSx for Lustre of team {team.name}: Lustre ports from the file system and nodes",
+        )
+        for port in LUSTRE_PORTS:
+            self.security_group.add_ingress_rule(self.security_group, port, "Lustre between file servers")
+            self.security_group.connections.allow_from(cluster.cluster_security_group, port, "Lustre clients")
+
+        self.key = kms.Key(
+            self,
+            "Key",
+            description=f"FSx for Lustre encryption for team {team.name}",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.file_system = fsx.LustreFileSystem(
+            self,
+            "FileSystem",
+            vpc=network.vpc,
+            vpc_subnet=network.gpu_subnet,  # same AZ as the GPU nodes: no cross-AZ traffic or latency
+            storage_capacity_gib=config.storage_gib,
+            security_group=self.security_group,
+            kms_key=self.key,
+            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
+            lustre_configuration=fsx.LustreConfiguration(
+                deployment_type=fsx.LustreDeploymentType.PERSISTENT_2,
+                per_unit_storage_throughput=config.throughput_per_tib,
+                data_compression_type=fsx.LustreDataCompressionType.LZ4,
+            ),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+
+        self.repository_association: fsx.CfnDataRepositoryAssociation | None = None
+        if config.s3_path is not None:
+            self.repository_association = fsx.CfnDataRepositoryAssociation(
+                self,
+                "S3Association",
+                file_system_id=self.file_system.file_system_id,
+                file_system_path=config.s3_file_system_path,
+                data_repository_path=config.s3_path,
+                batch_import_meta_data_on_create=True,
+                s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                    # Deletions are not exported: keep-latest-k pruning on FSx must not prune the S3 copy.
+                    auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                        events=["NEW", "CHANGED"]
+                    ),
+                    auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                        events=["NEW", "CHANGED", "DELETED"]
+                    ),
+                ),
+            )
+
+        # Static provisioning only: the controller needs to describe, never to create or delete.
+        csi_role = iam.Role(
+            self,
+            "CsiRole",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
+            description="FSx CSI controller (EKS Pod Identity), static provisioning only",
+        )
+        assert csi_role.assume_role_policy is not None
+        csi_role.assume_role_policy.add_statements(
+            iam.PolicyStatement(
+                actions=["sts:TagSession"], principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")]
+            )
+        )
+        csi_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["fsx:DescribeFileSystems"],
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="fsx", resource="file-system", resource_name=self.file_system.file_system_id
+                    )
+                ],
+            )
+        )
+        self.csi_addon = eks.CfnAddon(
+            self,
+            "CsiDriver",
+            cluster_name=cluster.cluster_name,
+            addon_name="aws-fsx-csi-driver",
+            resolve_conflicts="OVERWRITE",
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=csi_role.role_arn, service_account=FSX_CSI_CONTROLLER_SA
+                )
+            ],
+        )
+
+        pv_name = f"{team.name}-fsx"
+        self.pvc_manifest = cluster.add_manifest(
+            "FsxVolume",
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv_name},
+                "spec": {
+                    "capacity": {"storage": f"{config.storage_gib}Gi"},
+                    "volumeMode": "Filesystem",
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "mountOptions": ["flock"],
+                    "csi": {
+                        "driver": "fsx.csi.aws.com",
+                        "volumeHandle": self.file_system.file_system_id,
+                        "volumeAttributes": {
+                            "dnsname": self.file_system.dns_name,
+                            "mountname": self.file_system.mount_name,
+                        },
+                    },
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": FSX_PVC_NAME, "namespace": team.name},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": pv_name,
+                    "resources": {"requests": {"storage": f"{config.storage_gib}Gi"}},
+                },
+            },
+        )
+        self.pvc_manifest.node.add_dependency(namespace)
+        self.pvc_manifest.node.add_dependency(self.csi_addon)

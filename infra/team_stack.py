@@ -1,0 +1,56 @@
+"""One team's environment: a thin stack composing the constructs (differences between teams are data)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import Environment, Stack, Tags
+from constructs import Construct
+
+from infra.addons import ClusterAddons
+from infra.cluster import Cluster
+from infra.config import TeamConfig
+from infra.gpu_nodegroup import GpuNodeGroup
+from infra.network import Network
+from infra.storage import SharedStorage
+from infra.trainer_release import TrainerRelease
+
+
+class TeamStack(Stack):
+    """VPC, EKS cluster, GPU node group, add-ons, FSx and the trainer release of one team."""
+
+    def __init__(self, scope: Construct, *, team: TeamConfig, chart_dir: Path, image_dir: Path) -> None:
+        super().__init__(
+            scope,
+            team.stack_name,
+            env=Environment(account=team.account, region=team.region),
+            description=f"NVRx fault-tolerant training environment of team {team.name} (EKS, GPU, FSx)",
+        )
+        self._azs = list(team.network.availability_zones)
+        Tags.of(self).add("blueprint.nvrx/team", team.name)
+        self.team = team
+        self.network = Network(self, "Network", config=team.network)
+        self.cluster = Cluster(self, "Cluster", team=team, network=self.network)
+        eks_cluster = self.cluster.cluster
+        self.gpu = GpuNodeGroup(self, "GpuNodes", team=team, network=self.network, cluster=eks_cluster)
+        self.addons = ClusterAddons(self, "Addons", team=team, cluster=eks_cluster)
+        self.storage = SharedStorage(
+            self,
+            "Storage",
+            team=team,
+            network=self.network,
+            cluster=eks_cluster,
+            namespace=self.addons.namespace,
+        )
+        self.trainer: TrainerRelease | None = None
+        if team.deploy_trainer:
+            self.trainer = TrainerRelease(
+                self, "Trainer", team=team, cluster=eks_cluster, chart_dir=chart_dir, image_dir=image_dir
+            )
+            self.trainer.release.node.add_dependency(self.addons.namespace_objects)
+            self.trainer.release.node.add_dependency(self.storage.pvc_manifest)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """The teams file's AZs: constructs that ask the stack for AZs never trigger an AWS lookup."""
+        return self._azs
