@@ -267,9 +267,10 @@ def plan_from_summary(
     - step time = productive_s / steps; interval = checkpoint interval in steps x step time (or
       ``interval_s``);
     - stall = mean blocked time per save (``ckpt.stall_s.mean``);
-    - one tier per tier number seen, with its share of the faults; its MTTR is the median of
-      ``mttr_s - steps_recomputed x step time``, because Contract 3's mttr_s runs to the first *kept*
-      step and so includes the recompute, which the model counts separately;
+    - one tier per tier number seen, with its share of the faults and the median of its ``mttr_s``
+      (fault -> first kept step after it; ``trainer.metrics`` keeps the *last* execution of each step,
+      so that is the first step after the restart, and the work lost is the earlier execution of the
+      recomputed steps - the model's ``recompute``, not part of the MTTR);
     - rollback ``checkpoint`` when that tier's faults restored a checkpoint or recomputed steps, else
       ``memory``;
     - fault rate = recovered faults / running time (wall minus recovery).
@@ -291,7 +292,7 @@ def plan_from_summary(
         if f.get("mttr_s") is None:
             continue  # a fault the run never recovered from has no MTTR to plan with
         recomputed = int(f.get("steps_recomputed") or 0)
-        recovery_s = max(0.0, float(f["mttr_s"]) - recomputed * step_s)
+        recovery_s = float(f["mttr_s"])
         rolled_back = recomputed > 0 or f.get("restored_step") is not None
         by_tier.setdefault(f"tier{f.get('tier')}", []).append((recovery_s, rolled_back))
     n = sum(len(v) for v in by_tier.values())
@@ -517,6 +518,8 @@ def plot_scale(plan: Plan, baseline: Plan, path: Path, scales: Sequence[int] = D
         rows = scale_sweep(p, scales)
         ax.plot([r["gpus"] for r in rows], [100 * r["efficiency"] for r in rows], marker="o", label=label)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(list(scales), [str(g) for g in scales], rotation=45)
+    ax.minorticks_off()
     ax.set_xlabel("GPUs")
     ax.set_ylabel("expected training efficiency (%)")
     ax.set_title(f"{plan.rate_per_gpu_hour:.2g} faults/GPU-h, stall {plan.stall_s:g} s, optimal interval")

@@ -158,11 +158,10 @@ def test_plan_from_summary_uses_the_runs_measured_parameters():
     plan = planner.plan_from_summary(_summary(faults), ckpt_interval_steps=10)
     assert plan.interval_s == pytest.approx(10.0)  # 10 steps x 1 s
     assert plan.stall_s == pytest.approx(0.5)
-    # Recovery excludes the recompute (4 and 6 steps of 1 s), which the model counts on its own.
     by_name = {t.name: t for t in plan.tiers}
     assert by_name["tier1"] == Tier("tier1", 1 / 3, 2.0, "memory")
-    assert by_name["tier2"] == Tier("tier2", 2 / 3, 5.0, "checkpoint")
-    assert plan.fault_rate_s == pytest.approx(3 / (125.0 - 12.0))
+    assert by_name["tier2"] == Tier("tier2", 2 / 3, 10.0, "checkpoint")
+    assert plan.fault_rate_s == pytest.approx(3 / (125.0 - 22.0))
     with pytest.raises(PlanError, match="ckpt_interval_steps"):
         planner.plan_from_summary(_summary(faults))
 
@@ -180,7 +179,7 @@ def _write_run(tmp_path, summary, interval=10):
 
 
 def test_predict_from_summary_adds_measured_fixed_costs(tmp_path):
-    path = _write_run(tmp_path, _summary([{"tier": 2, "mttr_s": 10.0, "steps_recomputed": 5}], 0.8))
+    path = _write_run(tmp_path, _summary([{"tier": 2, "mttr_s": 5.0, "steps_recomputed": 5}], 0.8))
     result = planner.predict_from_summary(path)
     assert result["fixed_overheads_s"] == {"startup_s": 2.0, "tail_s": 3.0}
     model = result["model_efficiency"]
@@ -195,7 +194,7 @@ def test_prediction_on_a_synthetic_run_with_known_costs(tmp_path):
     # 100 s of steps, 10 saves of 0.5 s, one rollback fault with 5 s recovery and 5 s recompute, 5 s fixed:
     # the measured wall is 120 s. The model's expected recompute for one fault is half a segment here, so
     # the prediction must land close to the measured 100/120.
-    summary = _summary([{"tier": 2, "mttr_s": 10.0, "steps_recomputed": 5, "restored_step": 44}], 100 / 120)
+    summary = _summary([{"tier": 2, "mttr_s": 5.0, "steps_recomputed": 5, "restored_step": 44}], 100 / 120)
     summary["wall_s"] = 120.0
     result = planner.predict_from_summary(_write_run(tmp_path, summary))
     assert abs(result["difference_pp"]) < 2.0

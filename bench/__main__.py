@@ -1,0 +1,198 @@
+"""``make bench``: every benchmark in one invocation, then the report.
+
+    python -m bench [--quick] [--only recovery,ckpt_stall,synth,planner] [--results DIR] [--no-readme]
+
+Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the others still run):
+
+- recovery    bench.recovery: tier 1 vs tier 2 vs full restart, hang detection (several repetitions)
+- ckpt_stall  ``python -m bench.ckpt_stall --out <json> [--quick]`` (the checkpoint engineer's bench)
+- synth       ``python -m bench.synth --out <json> [--quick]`` (the infra engineer's bench)
+- planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
+              with the MTTRs measured by the recovery part, and the demo run's prediction if
+              out/demo/summary.json exists
+
+Then bench.report writes ``<results>/RESULTS.md`` and the README section between the bench markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench import planner, recovery, report
+from bench.montecarlo import simulate
+
+REPO = Path(__file__).resolve().parent.parent
+PARTS = ("recovery", "ckpt_stall", "synth", "planner")
+
+
+def run_recovery(results: Path, quick: bool) -> None:
+    cfg = recovery.RecoveryConfig()
+    if quick:
+        cfg = replace(cfg, steps=24, fault_step=12)
+    names = list(recovery.QUICK) if quick else list(recovery.SCENARIOS)
+    res = recovery.run(names, 1 if quick else 3, REPO / "out" / "bench" / "recovery", cfg)
+    _write(results / "recovery.json", res)
+    failed = {n: s for n, s in res["summary"].items() if s["ok"] < s["runs"]}
+    if failed:
+        raise RuntimeError(f"recovery runs failed: {sorted(failed)} (see out/bench/recovery/*/pod*.log)")
+
+
+def run_module(module: str, results: Path, quick: bool, timeout_s: float) -> None:
+    """Run another engineer's bench as ``python -m <module> --out <json> [--quick]``."""
+    if importlib.util.find_spec(module) is None:
+        raise RuntimeError(f"{module} does not exist yet")
+    out = results / f"{module.rsplit('.', 1)[1]}.json"
+    cmd = [sys.executable, "-m", module, "--out", str(out), *(["--quick"] if quick else [])]
+    subprocess.run(cmd, check=True, cwd=REPO, timeout=timeout_s)
+    if not out.is_file():
+        raise RuntimeError(f"{module} exited 0 but wrote no {out}")
+
+
+MC_CASES = (
+    ("Llama 3 rate, 16k GPUs, default tiers", {}),
+    ("10x the rate, 16k GPUs", {"rate_per_gpu_hour": 10 * planner.PROFILES["llama3-405b"][0]}),
+    ("1k GPUs, checkpoint-restart only", {"nodes": 128, "tiers": (planner.Tier("job-restart", 1.0, 900.0),)}),
+)
+
+
+def run_planner(results: Path, quick: bool) -> None:
+    args = planner.build_parser().parse_args([])
+    default = planner.run_plan(args)
+    plan = _plan_of(default)
+    base = planner.checkpoint_restart_baseline(plan, default["baseline"]["mttr_s"])
+    planner.plot_scale(plan, base, results / "planner_scale.png")
+    mc = []
+    for name, changes in MC_CASES:
+        p = plan.with_(**changes)
+        tau = planner.optimal_interval(p)
+        sim = simulate(p, tau, segments=100_000 if quick else 400_000, seed=1)
+        mc.append(
+            {
+                "case": name,
+                "interval_s": tau,
+                "model": planner.evaluate(p, tau).efficiency,
+                "simulated": sim.efficiency,
+                "stderr": sim.stderr,
+            }
+        )
+    out: dict[str, Any] = {
+        "command": "python -m bench.planner",
+        "default": default,
+        "montecarlo": mc,
+        "scale": {
+            "tiers": planner.scale_sweep(plan, planner.DEFAULT_SCALES),
+            "checkpoint_restart_only": planner.scale_sweep(base, planner.DEFAULT_SCALES),
+        },
+        "scale_png": "bench/results/planner_scale.png",
+    }
+    measured = _measured_plan(results, plan)
+    if measured:
+        out["measured"] = measured
+    demo = REPO / "out" / "demo" / "summary.json"
+    if demo.is_file():
+        try:
+            out["demo"] = {"path": str(demo.relative_to(REPO))} | planner.predict_from_summary(demo)
+        except (planner.PlanError, KeyError, ValueError) as err:
+            out["demo_error"] = str(err)
+    _write(results / "planner.json", out)
+
+
+def _plan_of(result: dict[str, Any]) -> planner.Plan:
+    d = dict(result["plan"])
+    d["tiers"] = tuple(planner.Tier(**t) for t in d["tiers"])
+    return planner.Plan(**d)
+
+
+def _measured_plan(results: Path, plan: planner.Plan) -> dict[str, Any] | None:
+    """The default plan with each tier's MTTR replaced by the local recovery measurement."""
+    path = results / "recovery.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())["summary"]
+    source = {"in-process": "exception/tier1", "in-job": "sigkill/tier2", "job-restart": "exception/full"}
+    tiers = []
+    for t in plan.tiers:
+        s = (summary.get(source.get(t.name, "")) or {}).get("mttr_s")
+        if not s:
+            return None
+        tiers.append(planner.Tier(t.name, t.share, float(s["median"]), t.rollback))
+    p = plan.with_(tiers=tuple(tiers))
+    tau = planner.optimal_interval(p)
+    return {
+        "note": "median MTTRs of "
+        + ", ".join(f"{k} = {v}" for k, v in source.items())
+        + "; same shares, rate and stall as above",
+        "gpus": p.gpus,
+        "tiers": [t.__dict__ for t in tiers],
+        "interval_s": tau,
+        "efficiency": planner.evaluate(p, tau).efficiency,
+    }
+
+
+def _write(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--quick", action="store_true", help="a short pass: fewer scenarios and sizes, one repetition"
+    )
+    p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    p.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--no-readme", action="store_true", help="do not touch README.md")
+    args = p.parse_args(argv)
+    parts = [x.strip() for x in args.only.split(",") if x.strip()]
+    bad = [x for x in parts if x not in PARTS]
+    if bad:
+        p.error(f"--only: unknown part(s) {bad}; choose from {PARTS}")
+
+    jobs: dict[str, Callable[[], None]] = {
+        "recovery": lambda: run_recovery(args.results, args.quick),
+        "ckpt_stall": lambda: run_module("bench.ckpt_stall", args.results, args.quick, 900),
+        "synth": lambda: run_module("bench.synth", args.results, args.quick, 900),
+        "planner": lambda: run_planner(args.results, args.quick),
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    status: dict[str, dict[str, Any]] = {}
+    for part in PARTS:  # fixed order: the planner reads the recovery result
+        if part not in parts:
+            continue
+        print(f"== bench {part}", flush=True)
+        t = time.monotonic()
+        try:
+            jobs[part]()
+            status[part] = {"ok": True}
+        except Exception as err:  # one broken part must not cost the others' results
+            status[part] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+            print(f"bench {part} FAILED: {status[part]['error']}", flush=True)
+        status[part]["seconds"] = round(time.monotonic() - t, 1)
+    meta = {
+        "command": "python -m bench" + (" --quick" if args.quick else ""),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "total_s": time.monotonic() - t0,
+        "parts": status,
+    }
+    _write(args.results / "meta.json", meta)
+    report.write(args.results, None if args.no_readme else REPO / "README.md")
+    print(json.dumps(status, indent=1))
+    return 0 if all(s["ok"] for s in status.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

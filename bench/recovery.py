@@ -1,0 +1,380 @@
+"""Recovery benchmark: how long each tier takes to get training going again after a fault.
+
+Each scenario runs the pod command (``ft_launcher ... -m trainer ...``, Contract 2) on this machine
+as one local pod of ``nproc`` CPU ranks, injects one fault with the trainer's ``--fault`` option, and
+reads the run's events (Contract 3) back:
+
+=====================  ===========  ==========================================================
+scenario               fault        how it is recovered
+=====================  ===========  ==========================================================
+exception/tier1        exception    in-process restart (NVRx Wrapper), processes stay up
+exception/tier2        exception    in-process off: ft_launcher restarts every worker
+exception/full         exception    no restarts at all: the launcher exits, the whole job is
+                                    started again (like a Job controller re-creating the pod)
+                                    and resumes from the shared checkpoint
+sigkill/tier2          sigkill      ft_launcher restarts every worker
+sigkill/full           sigkill      full job restart as above
+hang/tier1             hang         the Wrapper's soft timeout detects it (detection time)
+hang/tier2             hang         in-process off: ft_launcher's heartbeat timeout detects it
+=====================  ===========  ==========================================================
+
+Per run it records, from the events: ``detection_s`` (fault -> first ``fault_detected``; for a full
+restart, fault -> the launcher's exit), ``mttr_s`` (fault -> start of the first step after it, from
+``trainer.metrics.summarize``: the recovery proper, what the planner calls MTTR), ``resume_s`` (the
+same, computed here from rank 0's events as a cross-check), ``regain_s`` (fault -> start of the
+faulted step again: MTTR plus the recompute back to where the fault hit), ``steps_recomputed``,
+``load_s`` and a phase breakdown (detect, restart until the process/iteration starts, init until the
+restore, load, first step). Timings on a shared 2-core machine are noisy: every scenario runs several
+times and reports median, min and max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One recovery path: the fault, whether tier 1 is on, and who restarts what."""
+
+    name: str
+    fault: str
+    inprocess: bool
+    launcher_restarts: int
+    """ft_launcher --max-restarts (0: the launcher gives up on the first failure)."""
+    job_restarts: int = 0
+    """How many times the whole pod is started again after the launcher gave up (full restart)."""
+    fault_rank: int = 1
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("exception/tier1", "exception", inprocess=True, launcher_restarts=3),
+        Scenario("exception/tier2", "exception", inprocess=False, launcher_restarts=3),
+        Scenario("exception/full", "exception", inprocess=False, launcher_restarts=0, job_restarts=1),
+        Scenario("sigkill/tier2", "sigkill", inprocess=True, launcher_restarts=3),
+        Scenario("sigkill/full", "sigkill", inprocess=False, launcher_restarts=0, job_restarts=1),
+        Scenario("hang/tier1", "hang", inprocess=True, launcher_restarts=3),
+        Scenario("hang/tier2", "hang", inprocess=False, launcher_restarts=3),
+    )
+}
+QUICK = ("exception/tier1", "exception/tier2", "exception/full", "sigkill/tier2", "hang/tier1")
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """The training run every scenario shares (small, so a run takes seconds on CPU)."""
+
+    nproc: int = 2
+    preset: str = "tiny"
+    seq_len: int = 64
+    micro_batch_size: int = 4
+    steps: int = 30
+    fault_step: int = 17
+    ckpt_interval: int = 5
+    ckpt_mode: str | None = None
+    """None: the trainer's default mode."""
+    tokens: int = 200_000
+    collective_timeout: float = 4.0
+    inprocess_soft_timeout: float = 6.0
+    inprocess_hard_timeout: float = 9.0
+    inprocess_barrier_timeout: float = 12.0
+    heartbeat_timeout: float = 15.0
+    initial_heartbeat_timeout: float = 120.0
+    workload_check_interval: float = 1.0
+    monitor_interval: float = 0.5
+    run_timeout_s: float = 180.0
+    extra_trainer_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.nproc < 2:
+            raise ValueError(f"nproc must be >= 2 (the fault hits rank 1), got {self.nproc}")
+        if not 0 < self.ckpt_interval < self.fault_step < self.steps:
+            raise ValueError(
+                "fault_step: need 0 < ckpt_interval < fault_step < steps, got "
+                f"{self.ckpt_interval}, {self.fault_step}, {self.steps}"
+            )
+        if self.fault_step % self.ckpt_interval == 0:
+            raise ValueError("fault_step: must not fall on a checkpoint step (no recompute to measure)")
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def make_data(path: Path, cfg: RecoveryConfig) -> Path:
+    """Write the token file once (``python -m trainer.data``)."""
+    if not path.exists():
+        from trainer.model import PRESETS  # the vocabulary must fit the preset
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        vocab = PRESETS[cfg.preset].vocab_size
+        cmd = [sys.executable, "-m", "trainer.data", "--out", str(path), "--tokens", str(cfg.tokens)]
+        subprocess.run([*cmd, "--vocab", str(vocab), "--seed", "0"], check=True, cwd=REPO)
+    return path
+
+
+def pod_command(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path, port: int) -> list[str]:
+    """The pod command of Contract 2, for one local node."""
+    launcher = str(Path(sys.executable).parent / "ft_launcher")
+    argv = [
+        launcher,
+        "--nnodes=1",
+        f"--nproc-per-node={cfg.nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id=bench-{run_dir.name}",
+        f"--max-restarts={sc.launcher_restarts}",
+        f"--monitor-interval={cfg.monitor_interval}",
+        "--ft-restart-policy=any-failed",
+        f"--ft-rank-heartbeat-timeout={cfg.heartbeat_timeout}",
+        f"--ft-initial-rank-heartbeat-timeout={cfg.initial_heartbeat_timeout}",
+        f"--ft-workload-check-interval={cfg.workload_check_interval}",
+        "-m",
+        "trainer",
+        f"--preset={cfg.preset}",
+        f"--data-path={data}",
+        f"--seq-len={cfg.seq_len}",
+        f"--micro-batch-size={cfg.micro_batch_size}",
+        f"--steps={cfg.steps}",
+        "--seed=0",
+        f"--ckpt-dir={run_dir / 'ckpt'}",
+        f"--ckpt-local-dir={run_dir / 'local'}",
+        f"--ckpt-interval={cfg.ckpt_interval}",
+        f"--out-dir={run_dir / 'out'}",
+        "--inprocess" if sc.inprocess else "--no-inprocess",
+        f"--collective-timeout={cfg.collective_timeout}",
+        f"--inprocess-soft-timeout={cfg.inprocess_soft_timeout}",
+        f"--inprocess-hard-timeout={cfg.inprocess_hard_timeout}",
+        f"--inprocess-barrier-timeout={cfg.inprocess_barrier_timeout}",
+        f"--heartbeat-timeout={cfg.heartbeat_timeout}",
+        f"--fault={sc.fault}:step={cfg.fault_step}:rank={sc.fault_rank}",
+        "--device=cpu",
+    ]
+    if cfg.ckpt_mode:
+        argv.append(f"--ckpt-mode={cfg.ckpt_mode}")
+    return argv + list(cfg.extra_trainer_args)
+
+
+def run_once(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path) -> dict[str, Any]:
+    """Run one scenario once and measure its recovery from the events."""
+    from tools.localpods import LocalPod  # kills the whole process tree, workers included
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(REPO),
+        TRAINER_PG_PORT=str(free_port()),
+        TRAINER_INPROCESS_PORT=str(free_port()),
+        OMP_NUM_THREADS="1",
+    )
+    argv = pod_command(cfg, sc, run_dir, data, port)
+    (run_dir / "command.json").write_text(json.dumps(argv, indent=1))
+    t_launch = time.time()
+    exits: list[dict[str, float]] = []
+    deadline = time.monotonic() + cfg.run_timeout_s
+    rc: int | None = None
+    for attempt in range(sc.job_restarts + 1):
+        if attempt:
+            # A re-created job lands on other nodes: the node-local checkpoint tier is gone, only the
+            # shared one remains.
+            shutil.rmtree(run_dir / "local", ignore_errors=True)
+        pod = LocalPod(f"bench-{attempt}", argv, env, run_dir / f"pod{attempt}.log")
+        pod.start()
+        try:
+            rc = pod.wait(timeout_s=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pod.kill()
+            rc = None
+            break
+        finally:
+            for pid in pod.processes():  # nothing of a finished pod may outlive it
+                _kill(pid)
+        exits.append({"attempt": attempt, "rc": rc, "t": time.time()})
+        if rc == 0:
+            break
+    return measure(run_dir / "out", sc, t_launch, exits, rc)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def measure(
+    out_dir: Path, sc: Scenario, t_launch: float, exits: Sequence[dict[str, float]], rc: int | None
+) -> dict[str, Any]:
+    """Recovery figures of one run from its event files (and the pod exits, for a full restart)."""
+    from trainer.metrics import read_events, summarize
+
+    summary = summarize(out_dir)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    events, _ = read_events(out_dir)
+    rec: dict[str, Any] = {
+        "scenario": sc.name,
+        "rc": rc,
+        "status": summary.get("status"),
+        "wall_s": summary.get("wall_s"),
+        "efficiency": summary.get("training_efficiency"),
+        "launch_to_first_step_s": None,
+    }
+    steps0 = [e for e in events if e["ev"] == "step" and int(e["rank"]) == 0]
+    if steps0:
+        rec["launch_to_first_step_s"] = float(steps0[0]["t_start"]) - t_launch
+    faults = [e for e in events if e["ev"] == "fault_injected"]
+    rec["ok"] = bool(rc == 0 and summary.get("status") == "completed" and len(faults) == 1)
+    if not faults:
+        rec["error"] = "no fault_injected event"
+        return rec
+    fault = faults[0]
+    tf = float(fault["t"])
+    report = (summary.get("faults") or [{}])[0]
+    rec.update(
+        tier=report.get("tier"),
+        mttr_s=report.get("mttr_s"),
+        steps_recomputed=report.get("steps_recomputed"),
+        recovered=report.get("recovered"),
+    )
+    after = [e for e in events if float(e["t"]) > tf]
+    detected = next((e for e in after if e["ev"] == "fault_detected"), None)
+    if sc.job_restarts and len(exits) > 1:
+        # Nobody survives to report it: the job "knows" when its pod has failed.
+        t_detect: float | None = float(exits[0]["t"])
+    else:
+        t_detect = float(detected["t"]) if detected is not None else None
+    start = next((e for e in after if e["ev"] == "run_start" and int(e["rank"]) == 0), None)
+    restore = next((e for e in after if e["ev"] == "restore" and int(e["rank"]) == 0), None)
+    first = next((e for e in after if e["ev"] == "step" and int(e["rank"]) == 0), None)
+    rec["detection_s"] = None if t_detect is None else t_detect - tf
+    rec["resume_s"] = None if first is None else float(first["t_start"]) - tf
+    redo = next(
+        (
+            e
+            for e in after
+            if e["ev"] == "step" and int(e["rank"]) == 0 and int(e["step"]) == int(fault["step"])
+        ),
+        None,
+    )
+    rec["regain_s"] = None if redo is None else float(redo["t_start"]) - tf
+    rec["load_s"] = None if restore is None else float(restore["load_s"])
+    if None not in (t_detect, start, restore, first):
+        assert t_detect is not None and start is not None and restore is not None and first is not None
+        t_start, t_rest = float(start["t"]), float(restore["t"])
+        load = float(restore["load_s"])
+        rec["phases"] = {
+            "detect": t_detect - tf,
+            "restart": t_start - t_detect,
+            "init": (t_rest - load) - t_start,
+            "load": load,
+            "first_step": float(first["t_start"]) - t_rest,
+        }
+    return rec
+
+
+def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Median, min and max of each figure per scenario, over the successful repetitions."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["scenario"] for r in records):
+        runs = [r for r in records if r["scenario"] == name]
+        good = [r for r in runs if r.get("ok")]
+        entry: dict[str, Any] = {"runs": len(runs), "ok": len(good)}
+        for key in (
+            "detection_s",
+            "resume_s",
+            "mttr_s",
+            "load_s",
+            "steps_recomputed",
+            "launch_to_first_step_s",
+        ):
+            entry[key] = spread([r[key] for r in good if r.get(key) is not None])
+        phases = [r["phases"] for r in good if r.get("phases")]
+        if phases:
+            entry["phases"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+        out[name] = entry
+    return out
+
+
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    """Median, min, max and count of ``values`` (None when empty)."""
+    if not values:
+        return None
+    vals = [float(v) for v in values]
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def run(names: Sequence[str], reps: int, work: Path, cfg: RecoveryConfig, log: Any = print) -> dict[str, Any]:
+    """Run ``reps`` repetitions of each scenario (interleaved, so load drifts hit all alike)."""
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"scenarios: unknown {unknown}; choose from {sorted(SCENARIOS)}")
+    data = make_data(work / "tokens.npy", cfg)
+    records = []
+    for rep in range(reps):
+        for name in names:
+            run_dir = work / f"{name.replace('/', '-')}-rep{rep}"
+            t0 = time.monotonic()
+            rec = run_once(cfg, SCENARIOS[name], run_dir, data)
+            rec["rep"] = rep
+            records.append(rec)
+            log(
+                f"recovery {name} rep {rep}: ok={rec.get('ok')} detect={_fmt(rec.get('detection_s'))} "
+                f"mttr={_fmt(rec.get('mttr_s'))} regain={_fmt(rec.get('regain_s'))} "
+                f"({time.monotonic() - t0:.0f} s)"
+            )
+    return {
+        "config": asdict(cfg),
+        "scenarios": {n: asdict(SCENARIOS[n]) for n in names},
+        "reps": reps,
+        "runs": records,
+        "summary": aggregate(records),
+    }
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else f"{float(v):.2f}s"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n")[0])
+    p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="fewer scenarios, one repetition")
+    p.add_argument("--work", type=Path, default=REPO / "out" / "bench" / "recovery")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recovery.json")
+    args = p.parse_args(argv)
+    names = args.scenario or (list(QUICK) if args.quick else list(SCENARIOS))
+    reps = 1 if args.quick else args.reps
+    cfg = RecoveryConfig()
+    if args.quick:
+        cfg = replace(cfg, steps=24, fault_step=12)
+    result = run(names, reps, args.work, cfg)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(v["ok"] == v["runs"] for v in result["summary"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

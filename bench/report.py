@@ -1,0 +1,268 @@
+"""Turn the benchmark JSON under bench/results/ into markdown tables, PNG plots and the README section.
+
+Reads whatever results exist (recovery.json, ckpt_stall.json, synth.json, planner.json), writes
+``bench/results/RESULTS.md`` and the plots next to it, and replaces the text between
+``<!-- bench:results:start -->`` and ``<!-- bench:results:end -->`` in README.md - nothing else there.
+
+    python -m bench.report [--results bench/results] [--readme README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+START = "<!-- bench:results:start -->"
+END = "<!-- bench:results:end -->"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def fmt_spread(s: dict[str, float] | None, unit: str = "s", digits: int = 2) -> str:
+    """``median (min-max)`` of a spread dict, or a dash."""
+    if not s:
+        return "-"
+    med, lo, hi = (f"{float(s[k]):.{digits}f}" for k in ("median", "min", "max"))
+    return f"{med} {unit} ({lo}-{hi})" if s.get("n", 1) > 1 else f"{med} {unit}"
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- recovery
+def recovery_section(res: dict[str, Any]) -> str:
+    """Markdown for bench.recovery's result."""
+    cfg = res["config"]
+    rows = []
+    for name, s in res["summary"].items():
+        rows.append(
+            [
+                f"`{name}`",
+                f"{s['ok']}/{s['runs']}",
+                fmt_spread(s.get("detection_s")),
+                fmt_spread(s.get("mttr_s")),
+                fmt_spread(s.get("regain_s")),
+                fmt_spread(s.get("steps_recomputed"), "", 0),
+                fmt_spread(s.get("load_s"), "s", 3),
+            ]
+        )
+    header = ["scenario", "ok", "detection", "MTTR", "back at the fault step", "steps recomputed", "load"]
+    text = [
+        "### Recovery",
+        f"One local pod of {cfg['nproc']} CPU ranks (`{cfg['preset']}` preset, gloo), one fault at step "
+        f"{cfg['fault_step']} of {cfg['steps']} on rank 1, checkpoint every {cfg['ckpt_interval']} steps; "
+        f"{res['reps']} repetition(s) each, median (min-max). Timeouts: collective "
+        f"{cfg['collective_timeout']:g} s, in-process soft {cfg['inprocess_soft_timeout']:g} s, heartbeat "
+        f"{cfg['heartbeat_timeout']:g} s. *MTTR*: fault -> start of the first step after it; *back at the "
+        "fault step*: MTTR plus the recompute from the restored checkpoint. A full restart relaunches "
+        "the whole pod with the node-local checkpoints deleted, as on new nodes; it includes no "
+        "scheduling or node replacement.",
+        "",
+        md_table(header, rows),
+        "",
+    ]
+    phases = {n: s["phases"] for n, s in res["summary"].items() if s.get("phases")}
+    if phases:
+        keys = list(next(iter(phases.values())))
+        text += [
+            "Median phases (s): detect -> restart (process or iteration up) -> init (process group, "
+            "model) -> load -> first step.",
+            "",
+            md_table(
+                ["scenario", *keys], [[f"`{n}`", *(f"{p[k]:.2f}" for k in keys)] for n, p in phases.items()]
+            ),
+            "",
+        ]
+    return "\n".join(text)
+
+
+def recovery_plot(res: dict[str, Any], png: Path) -> Path | None:
+    """Bar chart of resume time per scenario with min-max whiskers."""
+    items = [(n, s["mttr_s"]) for n, s in res["summary"].items() if s.get("mttr_s")]
+    if not items:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.0, 3.6))
+    meds = [float(s["median"]) for _, s in items]
+    err = [
+        [m - float(s["min"]) for m, (_, s) in zip(meds, items, strict=True)],
+        [float(s["max"]) - m for m, (_, s) in zip(meds, items, strict=True)],
+    ]
+    ax.barh([n for n, _ in items], meds, xerr=err, color="#0072b2", capsize=3)
+    ax.invert_yaxis()
+    ax.set_xlabel("fault -> first step after it (s), median and min-max")
+    ax.set_title("Recovery on CPU (2 ranks, gloo)")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _save(fig, png)
+
+
+# ----------------------------------------------------------------------------- planner
+def planner_section(res: dict[str, Any]) -> str:
+    """Markdown for the planner figures written by the orchestrator."""
+    d = res["default"]
+    p = d["plan"]
+    tiers = ", ".join(
+        f"{t['name']} {100 * t['share']:.0f} % / {t['mttr_s']:g} s / {t['rollback']}" for t in p["tiers"]
+    )
+    lost = ", ".join(f"{k} {100 * v:.2f} %" for k, v in d["lost"].items())
+    text = [
+        "### Goodput planner",
+        f"`{res['command']}`: {d['gpus']} GPUs at {p['rate_per_gpu_hour']:.3g} faults/GPU-hour "
+        f"(job MTBF {d['job_mtbf_h']:.2f} h); tiers (share / MTTR / rollback): {tiers}; stall "
+        f"{p['stall_s']:g} s. Expected efficiency **{100 * d['efficiency']:.2f} %** at the optimal interval "
+        f"{d['interval_optimal_s']:.0f} s (Young/Daly: {d['interval_young_daly_s']:.0f} s); lost: {lost}. "
+        f"Checkpoint-restart only (every fault a {d['baseline']['mttr_s']:g} s job restart): "
+        f"{100 * d['baseline']['efficiency']:.2f} %. The tier MTTRs are assumptions for a cluster, not "
+        "measurements.",
+        "",
+    ]
+    if res.get("montecarlo"):
+        rows = [
+            [
+                r["case"],
+                f"{100 * r['model']:.2f} %",
+                f"{100 * r['simulated']:.2f} %",
+                f"{100 * r['stderr']:.2f}",
+                f"{100 * (r['simulated'] - r['model']):+.2f}",
+            ]
+            for r in res["montecarlo"]
+        ]
+        text += [
+            "Closed form vs Monte Carlo of the same model (seeded):",
+            "",
+            md_table(["case", "model", "simulated", "std. error (pp)", "difference (pp)"], rows),
+            "",
+        ]
+    if res.get("measured"):
+        m = res["measured"]
+        text += [
+            f"With the MTTRs measured above ({m['note']}): {100 * m['efficiency']:.2f} % "
+            f"at {m['gpus']} GPUs.",
+            "",
+        ]
+    if res.get("demo"):
+        demo = res["demo"]
+        text += [
+            f"Demo run (`{demo['path']}`): measured {100 * float(demo['measured_efficiency']):.2f} %, "
+            f"predicted from its own parameters {100 * demo['predicted_efficiency']:.2f} % "
+            f"({demo['difference_pp']:+.2f} pp).",
+            "",
+        ]
+    if res.get("scale_png"):
+        text += [f"![efficiency vs cluster size]({res['scale_png']})", ""]
+    return "\n".join(text)
+
+
+# ----------------------------------------------------------------------------- other engineers' benches
+def rows_section(title: str, res: dict[str, Any]) -> str:
+    """Markdown for a result that carries ``rows`` (a list of flat dicts) and optional ``note``."""
+    rows = res.get("rows") or []
+    if not rows:
+        return f"### {title}\n\n(no rows)\n"
+    header = list(rows[0])
+    body = [[_cell(r.get(h)) for h in header] for r in rows]
+    text = [f"### {title}"]
+    if res.get("note"):
+        text.append(str(res["note"]))
+    text += ["", md_table(header, body), ""]
+    return "\n".join(text)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if math.isfinite(v) else str(v)
+    if isinstance(v, dict) and "median" in v:
+        return fmt_spread(v, "", 3).strip()
+    return "-" if v is None else str(v)
+
+
+# ----------------------------------------------------------------------------- assembly
+def build(results: Path) -> str:
+    """The whole results markdown from what exists under ``results``."""
+    parts = []
+    meta = _load(results / "meta.json")
+    if meta:
+        parts.append(
+            f"Generated by `{meta['command']}` on {meta['date']} ({meta['machine']}); total "
+            f"{meta['total_s'] / 60:.1f} min. Timings are from a shared machine: medians with min-max."
+        )
+        parts.append("")
+    rec = _load(results / "recovery.json")
+    if rec:
+        parts.append(recovery_section(rec))
+        if recovery_plot(rec, results / "recovery.png"):
+            parts += ["![recovery](bench/results/recovery.png)", ""]
+    for name, title in (("ckpt_stall", "Checkpoint stall"), ("synth", "Synth scaling")):
+        res = _load(results / f"{name}.json")
+        if res:
+            parts.append(rows_section(title, res))
+            for png in res.get("plots") or []:
+                parts += [f"![{name}]({png})", ""]
+    plan = _load(results / "planner.json")
+    if plan:
+        parts.append(planner_section(plan))
+    if not parts:
+        return "(no benchmark results yet: run `make bench`)\n"
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def replace_between_markers(text: str, body: str) -> str:
+    """``text`` with everything between the bench markers replaced by ``body``."""
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < 0 or end < start:
+        raise ValueError(f"README: markers {START} ... {END} not found in order")
+    return text[: start + len(START)] + "\n" + body + text[end:]
+
+
+def write(results: Path, readme: Path | None) -> str:
+    """Write RESULTS.md (and the README section when ``readme`` is given); returns the markdown."""
+    body = build(results)
+    results.mkdir(parents=True, exist_ok=True)
+    # RESULTS.md sits next to the plots; the README links them from the repository root.
+    (results / "RESULTS.md").write_text("# Benchmark results\n\n" + body.replace("](bench/results/", "]("))
+    if readme is not None:
+        readme.write_text(replace_between_markers(readme.read_text(), body))
+    return body
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, png: Path) -> Path:
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    _plt().close(fig)
+    return png
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n")[0])
+    p.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--readme", type=Path, default=REPO / "README.md")
+    p.add_argument("--no-readme", action="store_true", help="write RESULTS.md only")
+    args = p.parse_args(argv)
+    write(args.results, None if args.no_readme else args.readme)
+    print(f"wrote {args.results / 'RESULTS.md'}" + ("" if args.no_readme else f" and {args.readme}"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
