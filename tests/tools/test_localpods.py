@@ -1,0 +1,182 @@
+"""LocalPod / LocalJob: a pod is its whole process tree, and the controller replaces lost pods."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tools.localpods import LocalJob, LocalPod, PodSpec
+
+# A "launcher" that starts a "worker" in its own session, as torch's launcher does (start_new_session),
+# writes both PIDs, then waits forever.
+TREE = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def _wait_for(path: Path, timeout_s: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{path} not written within {timeout_s} s")
+
+
+def _pod(tmp_path: Path, name: str, code: str, *args: str) -> LocalPod:
+    return LocalPod(name, [sys.executable, "-c", code, *args], dict(os.environ), tmp_path / f"{name}.log")
+
+
+def test_kill_takes_the_whole_tree_even_processes_in_other_sessions(tmp_path: Path) -> None:
+    pod = _pod(tmp_path, "tree", TREE, str(tmp_path / "pids"))
+    pod.start()
+    try:
+        root, child = (int(p) for p in _wait_for(tmp_path / "pids").split())
+        assert root == pod.pid
+        # The premise: the worker is outside the launcher's process group, so killpg would miss it.
+        assert os.getpgid(child) != os.getpgid(root)
+        assert pod.processes() == {root, child}
+        killed = pod.kill()
+        assert {root, child} <= killed
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(root) and not _alive(child)
+        assert pod.poll() == -signal.SIGKILL
+    finally:
+        pod.kill()
+
+
+def test_terminate_sends_sigterm_to_the_main_process(tmp_path: Path) -> None:
+    code = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
+    code += "open(sys.argv[1], 'w').write('up')\ntime.sleep(600)\n"
+    pod = _pod(tmp_path, "term", code, str(tmp_path / "up"))
+    pod.start()
+    _wait_for(tmp_path / "up")
+    assert pod.terminate(grace_s=10) == 7
+
+
+# Exits with the code listed for its index and attempt (attempts counted in a file per index).
+SCRIPTED = """
+import pathlib, sys, time
+index, codes = sys.argv[1], sys.argv[2].split(",")
+counter = pathlib.Path(sys.argv[3]) / f"attempts-{index}"
+attempt = len(counter.read_text()) if counter.exists() else 0
+counter.write_text("x" * (attempt + 1))
+code = codes[min(attempt, len(codes) - 1)]
+if code == "sleep":
+    time.sleep(600)
+sys.exit(int(code))
+"""
+
+
+def _job(tmp_path: Path, codes: list[str], **kwargs: object) -> LocalJob:
+    specs = [
+        PodSpec(
+            f"pod-{i}",
+            [sys.executable, "-c", SCRIPTED, str(i), c, str(tmp_path)],
+            dict(os.environ),
+            tmp_path / f"pod-{i}.log",
+        )
+        for i, c in enumerate(codes)
+    ]
+    return LocalJob(specs, **kwargs)  # type: ignore[arg-type]
+
+
+def test_job_succeeds_when_every_index_exits_zero(tmp_path: Path) -> None:
+    with _job(tmp_path, ["0", "0"]) as job:
+        job.start()
+        result = job.wait(timeout_s=60)
+    assert result.succeeded, result.reason
+    assert sorted((e.index, e.attempt, e.reason) for e in result.exits) == [
+        (0, 0, "succeeded"),
+        (1, 0, "succeeded"),
+    ]
+
+
+def test_failed_pod_is_replaced_within_the_backoff_limit(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, object]]] = []
+    with _job(tmp_path, ["0", "3,0"], backoff_limit=1, on_event=lambda k, f: events.append((k, f))) as job:
+        job.start()
+        result = job.wait(timeout_s=60)
+    assert result.succeeded, result.reason
+    assert result.attempts(1) == 2
+    assert [(e.index, e.returncode, e.reason) for e in result.exits if e.index == 1] == [
+        (1, 3, "failed"),
+        (1, 0, "succeeded"),
+    ]
+    assert [f["attempt"] for k, f in events if k == "pod_start" and f["index"] == 1] == [0, 1]
+
+
+def test_backoff_limit_and_fail_job_codes_end_the_job(tmp_path: Path) -> None:
+    with _job(tmp_path, ["3"], backoff_limit=0) as job:
+        job.start()
+        result = job.wait(timeout_s=60)
+    assert not result.succeeded and "backoff limit" in result.reason
+    with _job(tmp_path / "b", ["42"], backoff_limit=5, fail_job_exit_codes=[42]) as job:
+        (tmp_path / "b").mkdir()
+        job.start()
+        result = job.wait(timeout_s=60)
+    assert not result.succeeded and "FailJob" in result.reason
+    assert result.attempts(0) == 1
+
+
+def test_a_killed_pod_is_a_disruption_and_is_replaced(tmp_path: Path) -> None:
+    # Index 0 sleeps on its first attempt and exits 0 on its second; backoff_limit=0: a disruption
+    # must not count as a failure.
+    with _job(tmp_path, ["sleep,0"], backoff_limit=0) as job:
+        job.start()
+        _wait_for(tmp_path / "attempts-0")
+        first = job.pod(0).pid
+        assert first in job.kill_pod(0)
+        result = job.wait(timeout_s=60)
+    assert result.succeeded, result.reason
+    assert [(e.attempt, e.returncode, e.reason) for e in result.exits] == [
+        (0, -signal.SIGKILL, "disrupted"),
+        (1, 0, "succeeded"),
+    ]
+
+
+def test_pod_zero_is_listening_before_the_others_start(tmp_path: Path) -> None:
+    port = free_port()
+    host = (
+        "import socket, sys, time\ns = socket.socket(); time.sleep(0.5)\n"
+        f"s.bind(('127.0.0.1', {port})); s.listen()\nopen(sys.argv[1], 'w').write(str(time.time()))\n"
+        "time.sleep(600)\n"
+    )
+    other = "import sys, time\nopen(sys.argv[1], 'w').write(str(time.time()))\n"
+    env = dict(os.environ)
+    specs = [
+        PodSpec("host", [sys.executable, "-c", host, str(tmp_path / "t0")], env, tmp_path / "0.log"),
+        PodSpec("peer", [sys.executable, "-c", other, str(tmp_path / "t1")], env, tmp_path / "1.log"),
+    ]
+    with LocalJob(specs, host_port=port) as job:
+        job.start()
+        t1 = float(_wait_for(tmp_path / "t1"))
+        t0 = float(_wait_for(tmp_path / "t0"))
+        assert t0 <= t1
+
+
+def test_invalid_job_configuration_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="pods"):
+        LocalJob([])
+    spec = PodSpec("p", [sys.executable, "-c", "pass"], {}, tmp_path / "p.log")
+    with pytest.raises(ValueError, match="backoff_limit"):
+        LocalJob([spec], backoff_limit=-1)

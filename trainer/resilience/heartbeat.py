@@ -1,0 +1,134 @@
+"""Tier 2 hang detection: heartbeats from each rank to its ft_launcher rank monitor.
+
+ft_launcher starts one rank monitor process per local rank and tells the rank where it listens through
+FT_RANK_MONITOR_IPC_SOCKET. The rank connects with NVRx's RankMonitorClient and sends a heartbeat after
+every training step. When no heartbeat arrives for `--ft-rank-heartbeat-timeout` seconds (before the first
+one: `--ft-initial-rank-heartbeat-timeout`, counted from `start()`), the monitor sends SIGCONT and then the
+termination signal (SIGKILL by default) to the rank, and the launcher restarts every worker. A rank stuck
+in Python, blocked in C or frozen with SIGSTOP is caught the same way; detection takes the timeout plus up
+to one `--ft-workload-check-interval`.
+
+Outside ft_launcher (plain `python -m trainer`, torchrun, tests) `Heartbeat.from_env()` returns a no-op,
+so the training loop calls `beat()` unconditionally.
+
+The connection belongs to the process, not to a tier-1 iteration: `start()` is idempotent, so the
+in-process Wrapper can re-run the training function without reconnecting (a second InitMsg would reset
+the monitor's initial-timeout clock). While a tier-1 restart is in progress no heartbeats flow, which is
+why trainer/resilience/timeouts.py requires heartbeat_timeout to exceed every tier-1 timeout.
+
+Only RankMonitorClient(), init_workload_monitoring(), send_heartbeat() and shutdown_workload_monitoring()
+are used: they have the same signatures in NVRx 0.4.1 and 0.7.x.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+#: Set by ft_launcher in every worker: the rank monitor's Unix socket (same name in NVRx 0.4.1 and 0.7.x).
+RANK_MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+
+
+class _Client(Protocol):
+    def init_workload_monitoring(self) -> None: ...
+    def send_heartbeat(self) -> None: ...
+    def shutdown_workload_monitoring(self) -> None: ...
+
+
+def _nvrx_client() -> _Client:
+    # Imported lazily: importing NVRx's fault_tolerance package costs ~1 s, wasted when not under a launcher.
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client: Any = RankMonitorClient()
+    return client
+
+
+class Heartbeat:
+    """Heartbeats to the local ft_launcher rank monitor; a no-op when `enabled` is False.
+
+    `min_interval_s` drops beats closer than that to the previous one, bounding the IPC cost of very
+    short steps (each beat is one round trip over a Unix socket, ~0.1 ms).
+    A beat that fails (the monitor is gone: the launcher is shutting down) is logged once and disables
+    further beats rather than failing a training step; losing the monitor is the launcher's to handle.
+    """
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        client_factory: Callable[[], _Client] = _nvrx_client,
+        min_interval_s: float = 0.0,
+    ) -> None:
+        if min_interval_s < 0:
+            raise ValueError(f"min_interval_s: must be >= 0, got {min_interval_s}")
+        self._enabled = enabled
+        self._factory = client_factory
+        self._min_interval_s = min_interval_s
+        self._client: _Client | None = None
+        self._last_beat = float("-inf")
+        self.beats_sent = 0
+        """Heartbeats delivered to the monitor since start() (for tests and logs)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Heartbeat:
+        """Enabled only when running under ft_launcher, i.e. when the rank monitor socket is set."""
+        env = os.environ if env is None else env
+        return cls(enabled=bool(env.get(RANK_MONITOR_SOCKET_ENV)), **kwargs)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether heartbeats go anywhere (under ft_launcher and not disabled by a failed beat)."""
+        return self._enabled
+
+    @property
+    def started(self) -> bool:
+        """Whether the connection to the rank monitor is open."""
+        return self._client is not None
+
+    def start(self) -> None:
+        """Connect to the rank monitor (idempotent; a no-op when disabled).
+
+        Call it as early as possible in the process: the monitor's initial timeout runs from here, so
+        a rank that hangs in process-group set-up or checkpoint loading is caught too.
+        """
+        if not self._enabled or self._client is not None:
+            return
+        client = self._factory()
+        client.init_workload_monitoring()
+        self._client = client
+        log.info("heartbeat: connected to the ft_launcher rank monitor")
+
+    def beat(self) -> None:
+        """Tell the monitor this rank made progress (call after every step)."""
+        if self._client is None:
+            return
+        now = time.monotonic()
+        if now - self._last_beat < self._min_interval_s:
+            return
+        try:
+            self._client.send_heartbeat()
+        except Exception as exc:  # the monitor process is gone or the socket broke
+            log.warning("heartbeat: disabled after a failed beat: %s", exc)
+            self._drop()
+            return
+        self._last_beat = now
+        self.beats_sent += 1
+
+    def stop(self) -> None:
+        """Close the connection (end of training); the monitor then stops watching this rank."""
+        if self._client is None:
+            return
+        try:
+            self._client.shutdown_workload_monitoring()
+        except Exception as exc:  # closing a dead socket: nothing to recover
+            log.debug("heartbeat: shutdown: %s", exc)
+        self._client = None
+
+    def _drop(self) -> None:
+        self._enabled = False
+        self.stop()
