@@ -120,19 +120,15 @@ def _measured_plan(results: Path, plan: planner.Plan) -> dict[str, Any] | None:
     path = results / "recovery.json"
     if not path.is_file():
         return None
-    summary = json.loads(path.read_text())["summary"]
-    source = {"in-process": "exception/tier1", "in-job": "sigkill/tier2", "job-restart": "exception/full"}
-    tiers = []
-    for t in plan.tiers:
-        s = (summary.get(source.get(t.name, "")) or {}).get("mttr_s")
-        if not s:
-            return None
-        tiers.append(planner.Tier(t.name, t.share, float(s["median"]), t.rollback))
-    p = plan.with_(tiers=tuple(tiers))
+    try:
+        tiers = planner.with_measured_mttrs(plan.tiers, json.loads(path.read_text()))
+    except planner.PlanError:
+        return None
+    p = plan.with_(tiers=tiers)
     tau = planner.optimal_interval(p)
     return {
         "note": "median MTTRs of "
-        + ", ".join(f"{k} = {v}" for k, v in source.items())
+        + ", ".join(f"{k} = `{v}`" for k, v in planner.MEASURED_SOURCES.items())
         + "; same shares, rate and stall as above",
         "gpus": p.gpus,
         "tiers": [t.__dict__ for t in tiers],

@@ -389,6 +389,29 @@ def _plan_dict(plan: Plan) -> dict[str, Any]:
     return d
 
 
+# Which bench.recovery scenario measures each default tier's MTTR.
+MEASURED_SOURCES = {
+    "in-process": "exception/tier1",
+    "in-job": "sigkill/tier2",
+    "job-restart": "exception/full",
+}
+
+
+def with_measured_mttrs(tiers: Sequence[Tier], recovery_result: dict[str, Any]) -> tuple[Tier, ...]:
+    """``tiers`` with each MTTR replaced by the median MTTR that bench.recovery measured for it."""
+    summary = recovery_result.get("summary") or {}
+    out = []
+    for t in tiers:
+        source = MEASURED_SOURCES.get(t.name)
+        spread = (summary.get(source) or {}).get("mttr_s") if source else None
+        if not spread:
+            raise PlanError(
+                f"tier {t.name}: no measured MTTR (scenario {source or 'none'}) in the recovery result"
+            )
+        out.append(Tier(t.name, t.share, float(spread["median"]), t.rollback))
+    return tuple(out)
+
+
 # ----------------------------------------------------------------------------- CLI
 DEFAULT_TIERS = (
     # Illustrative defaults; pass --tier (or --mttr-from a bench result) for your own.
@@ -437,6 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tier", action="append", default=None, help="NAME:share=S:mttr=SEC[:rollback=checkpoint|memory]"
     )
+    p.add_argument(
+        "--measured",
+        type=Path,
+        default=None,
+        help="take tier MTTRs from this bench.recovery result (bench/results/recovery.json)",
+    )
     p.add_argument("--stall", type=float, default=10.0, help="seconds blocked per checkpoint save")
     p.add_argument("--interval", type=float, default=None, help="seconds between saves (default: optimal)")
     p.add_argument(
@@ -455,6 +484,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the CLI prints, as a dict."""
     tiers = tuple(parse_tier(s) for s in (args.tier or DEFAULT_TIERS))
+    if args.measured is not None:
+        tiers = with_measured_mttrs(tiers, json.loads(args.measured.read_text()))
     plan = Plan(args.nodes, args.gpus_per_node, _rate(args), tiers, args.stall, args.interval or 1.0)
     exact = optimal_interval(plan)
     if args.interval is None:

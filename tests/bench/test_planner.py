@@ -213,3 +213,25 @@ def test_cli_prints_plan_and_writes_plot(tmp_path, capsys):
     assert png.stat().st_size > 10_000
     assert planner.main(["--tier", "a:share=0.4:mttr=1"]) == 2
     assert "shares must sum to 1" in capsys.readouterr().err
+
+
+def test_measured_mttrs_come_from_the_recovery_bench(tmp_path, capsys):
+    rec = {
+        "summary": {
+            "exception/tier1": {"mttr_s": {"median": 1.5, "min": 1.0, "max": 2.0, "n": 3}},
+            "sigkill/tier2": {"mttr_s": {"median": 6.0, "min": 5.0, "max": 7.0, "n": 3}},
+            "exception/full": {"mttr_s": {"median": 12.0, "min": 11.0, "max": 14.0, "n": 3}},
+        }
+    }
+    tiers = planner.with_measured_mttrs(TIERS, rec)
+    assert [t.mttr_s for t in tiers] == [1.5, 6.0, 12.0]
+    assert [t.share for t in tiers] == [t.share for t in TIERS]
+    del rec["summary"]["sigkill/tier2"]
+    with pytest.raises(PlanError, match="in-job"):
+        planner.with_measured_mttrs(TIERS, rec)
+    rec["summary"]["sigkill/tier2"] = {"mttr_s": {"median": 6.0}}
+    path = tmp_path / "recovery.json"
+    path.write_text(json.dumps(rec))
+    assert planner.main(["--measured", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, 6.0, 12.0]
