@@ -39,7 +39,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - --inprocess-soft-timeout={{ $v.inprocessSoftTimeout }}
 - --inprocess-hard-timeout={{ $v.inprocessHardTimeout }}
 - --inprocess-barrier-timeout={{ $v.inprocessBarrierTimeout }}
-- --heartbeat-timeout={{ $v.inprocessHeartbeatTimeout }}
+- --heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
 {{- range $name := keys $v.faults | sortAlpha }}
 - --fault={{ get $v.faults $name }}
 {{- end }}

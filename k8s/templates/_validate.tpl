@@ -18,23 +18,14 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 
 {{- define "trainer.validate" -}}
 {{- $v := .Values }}
-{{- if $v.inprocess }}
-{{- /* NVRx's Wrapper itself enforces soft < hard < barrier and heartbeat < barrier; the outer links
-     keep a stuck collective a soft fault and let the Wrapper finish before ft_launcher steps in. */}}
+{{- /* The trainer checks this chain at start-up (trainer/resilience/timeouts.py), whatever inprocess
+     is; failing here surfaces it at install time instead of as a crashing pod. */}}
 {{- include "trainer.requireIncreasing" (list
       (list "collectiveTimeout" $v.collectiveTimeout)
       (list "inprocessSoftTimeout" $v.inprocessSoftTimeout)
       (list "inprocessHardTimeout" $v.inprocessHardTimeout)
       (list "inprocessBarrierTimeout" $v.inprocessBarrierTimeout)
       (list "ftRankHeartbeatTimeout" $v.ftRankHeartbeatTimeout)) }}
-{{- include "trainer.requireIncreasing" (list
-      (list "inprocessHeartbeatTimeout" $v.inprocessHeartbeatTimeout)
-      (list "inprocessBarrierTimeout" $v.inprocessBarrierTimeout)) }}
-{{- else }}
-{{- include "trainer.requireIncreasing" (list
-      (list "collectiveTimeout" $v.collectiveTimeout)
-      (list "ftRankHeartbeatTimeout" $v.ftRankHeartbeatTimeout)) }}
-{{- end }}
 {{- if gt (float64 $v.ftRankHeartbeatTimeout) (float64 $v.ftInitialRankHeartbeatTimeout) }}
 {{- fail (printf "timeouts must nest: ftRankHeartbeatTimeout (%v s) must not exceed ftInitialRankHeartbeatTimeout (%v s); see values.yaml" $v.ftRankHeartbeatTimeout $v.ftInitialRankHeartbeatTimeout) }}
 {{- end }}

@@ -1,0 +1,248 @@
+"""The pod command (Contract 2): ft_launcher and the trainer accept exactly what the chart renders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.chart.helm import by_kind, env_of, render, trainer_container
+
+CONTRACT_ENV = (
+    "NNODES", "NPROC_PER_NODE", "RDZV_ENDPOINT", "JOB_ID",
+    "DATA_PATH", "CHECKPOINT_DIR", "LOCAL_CHECKPOINT_DIR", "OUT_DIR",
+)
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion (enough for these tests: the chart never writes `$$`)."""
+    for name, value in env.items():
+        text = text.replace(f"$({name})", value)
+    return text
+
+
+def pod_argv(values: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
+    container = trainer_container(render(values))
+    env = env_of(container)
+    argv = [expand(a, env) for a in container["command"] + container["args"]]
+    return argv, env
+
+
+def split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(ft_launcher's flags, the trainer's flags) around `-m trainer`."""
+    assert argv[0] == "ft_launcher"
+    i = argv.index("-m")
+    assert argv[i + 1] == "trainer"
+    return argv[1:i], argv[i + 2 :]
+
+
+def test_contract_2_command_shape() -> None:
+    container = trainer_container(render())
+    assert container["command"] == ["ft_launcher"]
+    args = container["args"]
+    assert args[:5] == [
+        "--nnodes=$(NNODES)",
+        "--nproc-per-node=$(NPROC_PER_NODE)",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=$(RDZV_ENDPOINT)",
+        "--rdzv-id=$(JOB_ID)",
+    ]
+    assert "--ft-restart-policy=any-failed" in args
+    i = args.index("-m")
+    assert args[i + 1 : i + 6] == [
+        "trainer",
+        "--data-path=$(DATA_PATH)",
+        "--ckpt-dir=$(CHECKPOINT_DIR)",
+        "--ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)",
+        "--out-dir=$(OUT_DIR)",
+    ]
+    env = env_of(container)
+    assert all(name in env for name in CONTRACT_ENV)
+    # Every env entry is a plain value, so the demo can take it as it is.
+    assert all("value" in e and "valueFrom" not in e for e in container["env"])
+
+
+def test_env_names_cluster_places() -> None:
+    env = env_of(trainer_container(render({"nodes": 4, "gpusPerNode": 8, "rdzvPort": 29555}, release="r1")))
+    assert env["NNODES"] == "4"
+    assert env["NPROC_PER_NODE"] == "8"
+    assert env["RDZV_ENDPOINT"] == "r1-trainer-0.r1-trainer.team-a.svc.cluster.local:29555"
+    assert env["JOB_ID"] == "r1-trainer"
+    assert env["CHECKPOINT_DIR"] == "/fsx/checkpoints/r1-trainer"
+    assert env["OUT_DIR"] == "/fsx/runs/r1-trainer"
+    assert env["LOCAL_CHECKPOINT_DIR"] == "/local-nvme/checkpoints/r1-trainer"
+    resumed = env_of(trainer_container(render({"runName": "llama-8b-run1"}, release="r2")))
+    assert resumed["CHECKPOINT_DIR"] == "/fsx/checkpoints/llama-8b-run1"
+
+
+def test_ft_launcher_accepts_the_rendered_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parse the launcher half with NVRx's own parser and build its LaunchConfig (as ft_launcher does)."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else config_from_args sets it in this process for good
+    values = {"nodes": 3, "gpusPerNode": 8, "maxRestarts": 7, "ftRankHeartbeatTimeout": 700}
+    argv, env = pod_argv(values)
+    launcher_flags, trainer_flags = split(argv)
+    args = launcher.get_args_parser().parse_args([*argv[1:]])
+    config, cmd, cmd_args = launcher.config_from_args(args)
+    assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 8)
+    assert config.rdzv_endpoint == env["RDZV_ENDPOINT"]
+    assert config.run_id == env["JOB_ID"]
+    assert config.max_restarts == 7
+    assert config.rdzv_configs["join_timeout"] == "1200"
+    assert config.fault_tol_cfg.rank_heartbeat_timeout == 700
+    assert config.fault_tol_cfg.initial_rank_heartbeat_timeout == 1200
+    assert cmd_args[:3] == ["-u", "-m", "trainer"]
+    assert cmd_args[3:] == trainer_flags
+    assert launcher_flags  # launcher flags come before -m
+
+
+def parse_trainer(tmp_path: Path, values: dict[str, Any] | None = None) -> Any:
+    """The trainer's validated TrainConfig for the rendered flags (with a real data file, on CPU)."""
+    from trainer.config import config_from_args
+
+    data = tmp_path / "tokens.npy"
+    np.save(data, np.zeros(4096, dtype=np.uint16))
+    _, trainer_flags = split(pod_argv({**(values or {}), "dataPath": str(data), "device": "cpu"})[0])
+    return config_from_args(trainer_flags, env={})
+
+
+def test_trainer_accepts_the_rendered_flags(tmp_path: Path) -> None:
+    faults = {"b-hard": "sigkill:step=40:rank=3", "a-soft": "exception:step=20:rank=1"}
+    cfg = parse_trainer(tmp_path, {"preset": "small", "steps": 60, "seqLen": 256, "faults": faults, "lr": 1e-4})
+    assert cfg.preset == "small"
+    assert cfg.steps == 60
+    assert cfg.seq_len == 256
+    assert cfg.lr == pytest.approx(1e-4)
+    assert cfg.inprocess is True
+    assert [(f.kind, f.step, f.rank) for f in cfg.faults] == [("exception", 20, 1), ("sigkill", 40, 3)]
+    assert str(cfg.ckpt.local_dir) == "/local-nvme/checkpoints/smoke-trainer"
+    assert cfg.ckpt.mode == "nvrx"
+    assert parse_trainer(tmp_path, {"inprocess": False}).inprocess is False
+
+
+def test_default_flags_parse_as_the_trainer_expects() -> None:
+    from trainer.config import make_parser
+
+    _, trainer_flags = split(pod_argv()[0])
+    args = make_parser().parse_args(trainer_flags)
+    assert (args.preset, args.seq_len, args.device) == ("8b", 4096, "cuda")
+    assert str(args.data_path) == "/fsx/data/tokens.npy"
+
+
+def test_one_heartbeat_value_reaches_launcher_and_trainer() -> None:
+    argv, _ = pod_argv({"ftRankHeartbeatTimeout": 777, "ftInitialRankHeartbeatTimeout": 900})
+    launcher_flags, trainer_flags = split(argv)
+    assert "--ft-rank-heartbeat-timeout=777" in launcher_flags
+    assert "--heartbeat-timeout=777" in trainer_flags
+
+
+def test_default_timeouts_pass_the_trainers_own_check(tmp_path: Path) -> None:
+    cfg = parse_trainer(tmp_path)  # the trainer validates its timeouts on construction
+    cfg.timeouts.check()
+    assert cfg.timeouts.inprocess_barrier_timeout < cfg.timeouts.heartbeat_timeout
+
+
+def test_large_integers_render_as_integers() -> None:
+    """A values file makes every number a float; flags must still read `--steps=2000000`, not 2e+06."""
+    _, trainer_flags = split(pod_argv({"steps": 2000000, "seed": 1000000})[0])
+    assert "--steps=2000000" in trainer_flags
+    assert "--seed=1000000" in trainer_flags
+
+
+def test_resources_and_efa_per_instance_type() -> None:
+    expected = {"p5.48xlarge": 32, "p5e.48xlarge": 32, "p5en.48xlarge": 16, "p4d.24xlarge": 4}
+    for instance_type, efa in expected.items():
+        manifests = render({"instanceType": instance_type})
+        container = trainer_container(manifests)
+        limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+        assert limits["vpc.amazonaws.com/efa"] == requests["vpc.amazonaws.com/efa"] == efa
+        assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"] == 8
+        assert limits["hugepages-2Mi"] == requests["hugepages-2Mi"] == "5120Mi"
+        selector = by_kind(manifests, "Job")[0]["spec"]["template"]["spec"]["nodeSelector"]
+        assert selector == {"node.kubernetes.io/instance-type": instance_type, "blueprint.nvrx/node-role": "gpu"}
+    # Explicit values win over the instance type's EFA count; 0 drops EFA and its env.
+    assert trainer_container(render({"efaPerNode": 8}))["resources"]["limits"]["vpc.amazonaws.com/efa"] == 8
+    no_efa = trainer_container(render({"efaPerNode": 0}))
+    assert "vpc.amazonaws.com/efa" not in no_efa["resources"]["limits"]
+    assert "FI_PROVIDER" not in env_of(no_efa)
+
+
+def test_efa_and_nccl_env() -> None:
+    env = env_of(trainer_container(render({"extraEnv": {"NCCL_DEBUG_SUBSYS": "INIT"}})))
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["RDMAV_FORK_SAFE"] == "1"
+    assert env["NCCL_SOCKET_IFNAME"] == "^lo,docker"
+    assert env["NCCL_DEBUG_SUBSYS"] == "INIT"
+
+
+def test_security_context_and_volumes() -> None:
+    manifests = render()
+    pod = by_kind(manifests, "Job")[0]["spec"]["template"]["spec"]
+    container = trainer_container(manifests)
+    sc = container["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["fsx"]["persistentVolumeClaim"] == {"claimName": "fsx-shared"}
+    assert volumes["local-nvme"]["hostPath"] == {"path": "/mnt/nvme", "type": "Directory"}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"fsx": "/fsx", "local-nvme": "/local-nvme", "dshm": "/dev/shm"}
+    assert pod["serviceAccountName"] == "trainer"
+
+    nonroot = render({"runAsNonRoot": True, "runAsUser": 2000, "runAsGroup": 3000})
+    pod = by_kind(nonroot, "Job")[0]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["fsGroup"] == 3000
+    assert trainer_container(nonroot)["securityContext"]["runAsUser"] == 2000
+
+
+def test_contract_1_values_reach_the_pods() -> None:
+    values = {
+        "image": {"repository": "111.dkr.ecr.eu-west-1.amazonaws.com/cdk-assets", "tag": "abc123"},
+        "nodes": 5,
+        "instanceType": "p5en.48xlarge",
+        "gpusPerNode": 8,
+        "efaPerNode": 16,
+        "storage": {"claimName": "fsx-team-b", "localNvmePath": "/mnt/raid0", "mountPath": "/fsx"},
+        "serviceAccountName": "trainer-b",
+    }
+    manifests = render(values)
+    pod = by_kind(manifests, "Job")[0]["spec"]["template"]["spec"]
+    container = trainer_container(manifests)
+    assert container["image"] == "111.dkr.ecr.eu-west-1.amazonaws.com/cdk-assets:abc123"
+    assert env_of(container)["NNODES"] == "5"
+    assert pod["serviceAccountName"] == "trainer-b"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["fsx"]["persistentVolumeClaim"]["claimName"] == "fsx-team-b"
+    assert volumes["local-nvme"]["hostPath"]["path"] == "/mnt/raid0"
+    # The helm test pods use the same claim and image.
+    for test_pod in by_kind(manifests, "Pod"):
+        assert test_pod["spec"]["containers"][0]["image"] == container["image"]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in test_pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ["fsx-team-b"]
+
+
+def test_synthetic_data_init_container_matches_the_preset_vocabulary() -> None:
+    pod = by_kind(render({"syntheticTokens": 5000, "preset": "small"}), "Job")[0]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    script = init["args"][0]
+    assert "python -m trainer.data" in script and "--tokens 5000" in script and "--vocab 32000" in script
+    assert "initContainers" not in by_kind(render(), "Job")[0]["spec"]["template"]["spec"]
+
+
+def test_preset_vocabularies_mirror_the_trainer() -> None:
+    from trainer.model import PRESETS
+
+    for preset, cfg in PRESETS.items():
+        pod = by_kind(render({"syntheticTokens": 10, "preset": preset}), "Job")[0]["spec"]["template"]["spec"]
+        assert f"--vocab {cfg.vocab_size} " in pod["initContainers"][0]["args"][0], preset

@@ -1,0 +1,155 @@
+"""The chart renders valid Kubernetes 1.35 objects for the value sets users and infra will use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.chart.helm import CHART, HELM, by_kind, helm, render, workload_pod_spec
+
+K8S_VERSION = "1.35.0"
+# kubernetes-validate has schemas for built-in kinds only; CRD kinds are skipped and listed here.
+CRD_KINDS = {"JobSet"}
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "p5": {"instanceType": "p5.48xlarge"},
+    "p5e": {"instanceType": "p5e.48xlarge"},
+    "p5en": {"instanceType": "p5en.48xlarge"},
+    "p4d": {"instanceType": "p4d.24xlarge"},
+    "one-node": {"nodes": 1},
+    "sixteen-nodes": {"nodes": 16},
+    "faults": {
+        "preset": "small",
+        "seqLen": 256,
+        "steps": 60,
+        "faults": {"soft": "exception:step=20:rank=1", "hard": "sigkill:step=40:rank=3"},
+    },
+    "inprocess-off": {"inprocess": False},
+    "jobset": {"workload": "jobset", "nodes": 4},
+    "everything-else": {
+        "runAsNonRoot": True,
+        "syntheticTokens": 1000000,
+        "efaPerNode": 0,
+        "hugepages2Mi": "",
+        "memoryLimit": "1800Gi",
+        "extraEnv": {"NCCL_NVLS_ENABLE": "0", "TORCH_LOGS": "dynamo"},
+        "extraTrainerArgs": ["--lr=0.0001"],
+        "activeDeadlineSeconds": 86400,
+        "ttlSecondsAfterFinished": 3600,
+        "failJobExitCodes": [],
+        "priorityClassName": "training",
+        "schedulerName": "volcano",
+        "podLabels": {"team": "a"},
+        "podAnnotations": {"note": "x"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            }
+        },
+        "image": {"repository": "123.dkr.ecr.us-west-2.amazonaws.com/trainer", "tag": "sha256:" + "a" * 64},
+    },
+}
+
+
+def validate_all(manifests: list[dict[str, Any]]) -> set[str]:
+    """Validate every manifest strictly; return the kinds skipped for lack of a schema."""
+    skipped = set()
+    for manifest in manifests:
+        try:
+            kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            skipped.add(manifest["kind"])
+    return skipped
+
+
+def test_helm_lint_strict() -> None:
+    result = helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_renders_valid_kubernetes(name: str) -> None:
+    manifests = render(VALUE_SETS[name])
+    skipped = validate_all(manifests)
+    assert skipped <= CRD_KINDS, f"no schema for {skipped - CRD_KINDS}"
+    kinds = sorted(m["kind"] for m in manifests)
+    if VALUE_SETS[name].get("workload") == "jobset":
+        assert kinds == ["JobSet", "Pod", "Pod"]
+    else:
+        assert kinds == ["Job", "Pod", "Pod", "Service"]
+
+
+def test_validator_catches_an_invalid_manifest() -> None:
+    """Guard against a validator that passes everything: a typo'd field must fail strict validation."""
+    (job,) = by_kind(render(), "Job")
+    job["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+
+
+def test_indexed_job_and_headless_service() -> None:
+    manifests = render({"nodes": 16})
+    (job,) = by_kind(manifests, "Job")
+    (svc,) = by_kind(manifests, "Service")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed"
+    assert spec["parallelism"] == spec["completions"] == 16
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    # The Service selects the trainer pods (not the helm test pods) by labels they carry.
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"]["app.kubernetes.io/component"] == "trainer"
+    assert "app.kubernetes.io/version" not in svc["spec"]["selector"]
+
+
+def test_failure_policy_leaves_restarts_to_ft_launcher_and_replaces_lost_pods() -> None:
+    (job,) = by_kind(render({"podRetriesPerIndex": 2, "podRetriesTotal": 5}), "Job")
+    spec = job["spec"]
+    assert spec["backoffLimitPerIndex"] == 2
+    assert spec["backoffLimit"] == 5
+    assert spec["maxFailedIndexes"] == 0
+    assert spec["podReplacementPolicy"] == "Failed"
+    ignore, fail_job = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    assert fail_job["action"] == "FailJob"
+    assert fail_job["onExitCodes"] == {"containerName": "trainer", "operator": "In", "values": [2]}
+
+
+def test_jobset_rdzv_endpoint_names_its_pod_zero() -> None:
+    manifests = render({"workload": "jobset"}, release="big")
+    (jobset,) = by_kind(manifests, "JobSet")
+    name = jobset["metadata"]["name"]
+    assert jobset["spec"]["network"]["enableDNSHostnames"] is True
+    env = {e["name"]: e["value"] for e in workload_pod_spec(manifests)["containers"][0]["env"]}
+    assert env["RDZV_ENDPOINT"] == f"{name}-trainer-0-0.{name}.team-a.svc.cluster.local:29400"
+    assert "subdomain" not in workload_pod_spec(manifests)  # the JobSet controller sets it
+
+
+def test_jobset_needs_its_api_in_the_cluster() -> None:
+    result = helm("template", "x", str(CHART), values={"workload": "jobset"})
+    assert result.returncode != 0
+    assert "workload=jobset needs the JobSet controller" in result.stderr
+
+
+@pytest.mark.parametrize("workload", ["job", "jobset"])
+def test_long_release_names_keep_hostnames_within_63_characters(workload: str) -> None:
+    release = "a-long-release-name-for-a-training-run-of-team-alpha"  # helm allows at most 53
+    manifests = render({"nodes": 16, "workload": workload}, release=release)
+    name = next(m for m in manifests if m["kind"] in ("Job", "JobSet"))["metadata"]["name"]
+    hostname = f"{name}-15" if workload == "job" else f"{name}-trainer-0-15"
+    assert len(hostname) <= 63
+    env = {e["name"]: e["value"] for e in workload_pod_spec(manifests)["containers"][0]["env"]}
+    assert env["RDZV_ENDPOINT"].startswith(f"{name}-")
+    assert HELM.exists()
