@@ -414,8 +414,10 @@ def with_measured_mttrs(tiers: Sequence[Tier], recovery_result: dict[str, Any]) 
 
 # ----------------------------------------------------------------------------- CLI
 DEFAULT_TIERS = (
-    # Illustrative defaults; pass --tier (or --mttr-from a bench result) for your own.
-    "in-process:share=0.3:mttr=30:rollback=memory",
+    # Illustrative shares and MTTRs; pass --tier (or --measured) for your own. This trainer's tier 1
+    # rebuilds the model and reloads the newest checkpoint (node-local first), so it rolls back too;
+    # rollback=memory models a tier that keeps the training state in memory.
+    "in-process:share=0.3:mttr=30:rollback=checkpoint",
     "in-job:share=0.5:mttr=120:rollback=checkpoint",
     "job-restart:share=0.2:mttr=900:rollback=checkpoint",
 )
