@@ -30,8 +30,15 @@ def template_result(
 ) -> subprocess.CompletedProcess[str]:
     """`helm template` of the chart (with the JobSet API declared, so workload=jobset renders)."""
     return helm(
-        "template", release, str(CHART), "--namespace", namespace, "--api-versions", JOBSET_API,
-        *extra, values=values,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--api-versions",
+        JOBSET_API,
+        *extra,
+        values=values,
     )
 
 

@@ -11,8 +11,14 @@ import pytest
 from tests.chart.helm import by_kind, env_of, render, trainer_container
 
 CONTRACT_ENV = (
-    "NNODES", "NPROC_PER_NODE", "RDZV_ENDPOINT", "JOB_ID",
-    "DATA_PATH", "CHECKPOINT_DIR", "LOCAL_CHECKPOINT_DIR", "OUT_DIR",
+    "NNODES",
+    "NPROC_PER_NODE",
+    "RDZV_ENDPOINT",
+    "JOB_ID",
+    "DATA_PATH",
+    "CHECKPOINT_DIR",
+    "LOCAL_CHECKPOINT_DIR",
+    "OUT_DIR",
 )
 
 
@@ -86,7 +92,7 @@ def test_ft_launcher_accepts_the_rendered_flags(monkeypatch: pytest.MonkeyPatch)
     argv, env = pod_argv(values)
     launcher_flags, trainer_flags = split(argv)
     args = launcher.get_args_parser().parse_args([*argv[1:]])
-    config, cmd, cmd_args = launcher.config_from_args(args)
+    config, _cmd, cmd_args = launcher.config_from_args(args)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 8)
     assert config.rdzv_endpoint == env["RDZV_ENDPOINT"]
     assert config.run_id == env["JOB_ID"]
@@ -111,7 +117,8 @@ def parse_trainer(tmp_path: Path, values: dict[str, Any] | None = None) -> Any:
 
 def test_trainer_accepts_the_rendered_flags(tmp_path: Path) -> None:
     faults = {"b-hard": "sigkill:step=40:rank=3", "a-soft": "exception:step=20:rank=1"}
-    cfg = parse_trainer(tmp_path, {"preset": "small", "steps": 60, "seqLen": 256, "faults": faults, "lr": 1e-4})
+    values = {"preset": "small", "steps": 60, "seqLen": 256, "faults": faults, "lr": 1e-4}
+    cfg = parse_trainer(tmp_path, values)
     assert cfg.preset == "small"
     assert cfg.steps == 60
     assert cfg.seq_len == 256
@@ -162,7 +169,10 @@ def test_resources_and_efa_per_instance_type() -> None:
         assert limits["nvidia.com/gpu"] == requests["nvidia.com/gpu"] == 8
         assert limits["hugepages-2Mi"] == requests["hugepages-2Mi"] == "5120Mi"
         selector = by_kind(manifests, "Job")[0]["spec"]["template"]["spec"]["nodeSelector"]
-        assert selector == {"node.kubernetes.io/instance-type": instance_type, "blueprint.nvrx/node-role": "gpu"}
+        assert selector == {
+            "node.kubernetes.io/instance-type": instance_type,
+            "blueprint.nvrx/node-role": "gpu",
+        }
     # Explicit values win over the instance type's EFA count; 0 drops EFA and its env.
     assert trainer_container(render({"efaPerNode": 8}))["resources"]["limits"]["vpc.amazonaws.com/efa"] == 8
     no_efa = trainer_container(render({"efaPerNode": 0}))
@@ -228,7 +238,8 @@ def test_contract_1_values_reach_the_pods() -> None:
     # The helm test pods use the same claim and image.
     for test_pod in by_kind(manifests, "Pod"):
         assert test_pod["spec"]["containers"][0]["image"] == container["image"]
-        claims = [v["persistentVolumeClaim"]["claimName"] for v in test_pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        volumes = test_pod["spec"]["volumes"]
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in volumes if "persistentVolumeClaim" in v]
         assert claims == ["fsx-team-b"]
 
 
