@@ -7,6 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+# The in-process Wrapper polls its store with short timeouts; torch's C++ layer logs a warning for every
+# poll that times out (tens of lines per second). Keep C++ logs to errors unless the user asks for more.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
 from trainer.config import ConfigError, config_from_args
 
 

@@ -164,6 +164,10 @@ class Session:
                     self.ckpt.close()
                 except Exception as exc:  # a failed background write must not block recovery
                     log.warning("checkpoint manager close failed during teardown: %s", exc)
+            if self.mesh is not None:
+                from trainer.resilience.inprocess import release_mesh_groups
+
+                release_mesh_groups(self.mesh)
             self.model = self.optim = self.ckpt = self.trainer = self.mesh = None
             if dist.is_available() and dist.is_initialized():
                 try:
@@ -275,7 +279,7 @@ def _hash_into(digest: Any, value: Any) -> None:
         for item in value:
             _hash_into(digest, item)
     elif isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
+        t = value.detach().cpu().contiguous().reshape(-1)  # 0-d tensors cannot be viewed as bytes
         digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     else:
@@ -359,10 +363,11 @@ class Trainer:
         except BaseException as exc:
             if self.cfg.inprocess and not isinstance(exc, SystemExit | KeyboardInterrupt):
                 self.events.emit("fault_detected", tier=1, reason=_reason(exc))
-            session.teardown()
-            # The traceback's finished frames hold the model (and so the process group): clear them, or
-            # the peers stay blocked in gloo until the collective timeout.
+            # The traceback's finished frames hold the model (and so the process group): clear them
+            # before the teardown, or gloo keeps its sockets and the peers stay blocked until the
+            # collective timeout.
             traceback.clear_frames(exc.__traceback__)
+            session.teardown()
             raise
 
 

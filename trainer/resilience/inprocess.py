@@ -62,6 +62,27 @@ def destroy_all_process_groups() -> None:
     gc.collect()
 
 
+def release_mesh_groups(mesh: Any) -> None:
+    """Make a DeviceMesh forget its process groups, and clear DTensor's per-thread caches.
+
+    DTensor's sharding-propagation and redistribute caches keep DTensorSpecs, and so the mesh, alive
+    after the model is gone; the mesh holds its groups in `_pg_registry` (torch >= 2.9). Without this, the
+    gloo group outlives its destruction and a blocked peer waits for the collective timeout.
+    """
+    for m in (mesh, getattr(mesh, "_root_mesh", None)):
+        registry = getattr(m, "_pg_registry", None)
+        if isinstance(registry, dict):
+            registry.clear()
+    try:
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor._redistribute import _gen_transform_infos
+
+        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+        _gen_transform_infos.cache_clear()
+    except (ImportError, AttributeError) as exc:  # private APIs: a newer torch may move them
+        log.debug("DTensor caches not cleared: %s", exc)
+
+
 class DestroyGroupsAbort(Abort):
     """Abort run by the Wrapper's monitor thread: destroy all groups (NCCL is aborted first on GPU)."""
 
