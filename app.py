@@ -8,7 +8,6 @@ and writes to cdk.out/).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from aws_cdk import App
 
-from infra.app_builder import REPO_ROOT, AppOptions, build_app
+from infra.app_builder import REPO_ROOT, AppOptions, build_app, cdk_json_context
 from infra.config import TeamsConfigError, load_teams, select_team
 
 
@@ -24,11 +23,7 @@ def _standalone_app() -> App:
     """An App that behaves like the CDK CLI's: cdk.json context and cdk.out as the output folder."""
     if "CDK_OUTDIR" in os.environ:  # run by the cdk CLI, which passes context and outdir itself
         return App()
-    cdk_json = REPO_ROOT / "cdk.json"
-    context: dict[str, Any] = {}
-    if cdk_json.is_file():
-        context = json.loads(cdk_json.read_text(encoding="utf-8")).get("context", {})
-    return App(outdir=str(REPO_ROOT / "cdk.out"), context=context)
+    return App(outdir=str(REPO_ROOT / "cdk.out"), context=cdk_json_context())
 
 
 def _flag(value: Any, default: bool) -> bool:

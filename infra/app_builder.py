@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aws_cdk import App, Validations
 from cdk_nag import AwsSolutionsChecks
@@ -22,6 +24,14 @@ class AppOptions:
     chart_dir: Path = REPO_ROOT / "k8s"
     image_dir: Path = REPO_ROOT
     nag: bool = True
+
+
+def cdk_json_context() -> dict[str, Any]:
+    """The `context` of the repo's cdk.json (feature flags and defaults), for apps not run by the CLI."""
+    cdk_json = REPO_ROOT / "cdk.json"
+    if not cdk_json.is_file():
+        return {}
+    return dict(json.loads(cdk_json.read_text(encoding="utf-8")).get("context", {}))
 
 
 def check_assets(teams: list[TeamConfig], options: AppOptions) -> None:

@@ -63,29 +63,32 @@ class SharedStorage(Construct):
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.file_system = fsx.LustreFileSystem(
+        # The L1 resource, not LustreFileSystem: the L2 opens 988-1023 within its group, wider than the
+        # two port ranges Lustre uses.
+        self.file_system = fsx.CfnFileSystem(
             self,
             "FileSystem",
-            vpc=network.vpc,
-            vpc_subnet=network.gpu_subnet,  # same AZ as the GPU nodes: no cross-AZ traffic or latency
-            storage_capacity_gib=config.storage_gib,
-            security_group=self.security_group,
-            kms_key=self.key,
-            file_system_type_version=fsx.FileSystemTypeVersion.V_2_15,
-            lustre_configuration=fsx.LustreConfiguration(
-                deployment_type=fsx.LustreDeploymentType.PERSISTENT_2,
+            file_system_type="LUSTRE",
+            file_system_type_version="2.15",
+            storage_capacity=config.storage_gib,
+            storage_type="SSD",
+            subnet_ids=[network.gpu_subnet.subnet_id],  # the GPU AZ: no cross-AZ traffic or latency
+            security_group_ids=[self.security_group.security_group_id],
+            kms_key_id=self.key.key_id,
+            lustre_configuration=fsx.CfnFileSystem.LustreConfigurationProperty(
+                deployment_type="PERSISTENT_2",
                 per_unit_storage_throughput=config.throughput_per_tib,
-                data_compression_type=fsx.LustreDataCompressionType.LZ4,
+                data_compression_type="LZ4",
             ),
-            removal_policy=RemovalPolicy.RETAIN,
         )
+        self.file_system.apply_removal_policy(RemovalPolicy.RETAIN)
 
         self.repository_association: fsx.CfnDataRepositoryAssociation | None = None
         if config.s3_path is not None:
             self.repository_association = fsx.CfnDataRepositoryAssociation(
                 self,
                 "S3Association",
-                file_system_id=self.file_system.file_system_id,
+                file_system_id=self.file_system.ref,
                 file_system_path=config.s3_file_system_path,
                 data_repository_path=config.s3_path,
                 batch_import_meta_data_on_create=True,
@@ -118,7 +121,7 @@ class SharedStorage(Construct):
                 actions=["fsx:DescribeFileSystems"],
                 resources=[
                     Stack.of(self).format_arn(
-                        service="fsx", resource="file-system", resource_name=self.file_system.file_system_id
+                        service="fsx", resource="file-system", resource_name=self.file_system.ref
                     )
                 ],
             )
@@ -152,10 +155,10 @@ class SharedStorage(Construct):
                     "mountOptions": ["flock"],
                     "csi": {
                         "driver": "fsx.csi.aws.com",
-                        "volumeHandle": self.file_system.file_system_id,
+                        "volumeHandle": self.file_system.ref,
                         "volumeAttributes": {
-                            "dnsname": self.file_system.dns_name,
-                            "mountname": self.file_system.mount_name,
+                            "dnsname": self.file_system.attr_dns_name,
+                            "mountname": self.file_system.attr_lustre_mount_name,
                         },
                     },
                 },
