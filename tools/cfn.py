@@ -23,7 +23,7 @@ def resolve(expr: Any, pseudo: dict[str, str]) -> Any:
         return expr
     if len(expr) != 1:
         return {key: resolve(value, pseudo) for key, value in expr.items()}
-    (fn, arg), = expr.items()
+    ((fn, arg),) = expr.items()
     if fn == "Ref":
         return pseudo.get(arg, f"<Ref:{arg}>")
     if fn == "Fn::GetAtt":

@@ -1,9 +1,8 @@
-"""Take the trainer's pod command out of rendered manifests and prepare it to run as a local process.
+"""Take the trainer's pod commands out of rendered manifests and prepare them to run as local processes.
 
 Kubernetes expands `$(VAR)` in a container's command and args from the container's env (kubelet
-semantics: `$$(VAR)` is a literal `$(VAR)`, an unknown variable stays as written). Doing the same
-here means the demo runs exactly the command a pod runs, with only cluster places swapped for
-local ones.
+semantics: `$$` is a literal `$`, an unknown variable stays as written). Doing the same here means
+the demo runs exactly the commands a pod runs, with only cluster places swapped for local ones.
 """
 
 from __future__ import annotations
@@ -18,13 +17,26 @@ _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
 @dataclass(frozen=True)
-class PodCommand:
-    """The trainer container's argv and literal env, as rendered."""
+class Container:
+    """One container's argv and literal env, as rendered."""
 
-    workload_name: str
+    name: str
     argv: list[str]
     env: dict[str, str]
-    field_env: dict[str, str]  # env taken from the downward API (field path), resolved per pod by the caller
+
+    def resolved_argv(self, overrides: dict[str, str]) -> list[str]:
+        """The argv the kubelet would exec, with `overrides` replacing env values."""
+        env = {**self.env, **overrides}
+        return [expand(arg, env) for arg in self.argv]
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    """The trainer Job's pod: its init containers (in order) and its trainer container."""
+
+    job_name: str
+    init_containers: list[Container]
+    trainer: Container
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -33,8 +45,7 @@ def expand(text: str, env: dict[str, str]) -> str:
     def substitute(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
-        name = match.group(1)
-        return env.get(name, match.group(0))
+        return env.get(match.group(1), match.group(0))
 
     return _VAR_REF.sub(substitute, text)
 
@@ -43,25 +54,27 @@ def load_manifests(rendered: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
-def trainer_command(manifests: list[dict[str, Any]], container_name: str = "trainer") -> PodCommand:
-    """The trainer container of the rendered Job (the chart's default workload)."""
+def trainer_pod(manifests: list[dict[str, Any]], container_name: str = "trainer") -> PodTemplate:
+    """The pod template of the rendered trainer Job (the chart's default workload)."""
     jobs = [m for m in manifests if m.get("kind") == "Job" and "helm.sh/hook" not in _annotations(m)]
     if len(jobs) != 1:
         raise ValueError(f"expected one trainer Job in the rendered chart, found {len(jobs)}")
     job = jobs[0]
-    containers = job["spec"]["template"]["spec"]["containers"]
-    matching = [c for c in containers if c["name"] == container_name]
-    if not matching:
+    spec = job["spec"]["template"]["spec"]
+    main = [c for c in spec["containers"] if c["name"] == container_name]
+    if not main:
         raise ValueError(f"no container named {container_name!r} in Job {job['metadata']['name']}")
-    container = matching[0]
-    env, field_env = {}, {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = str(item["value"])
-        elif "fieldRef" in item.get("valueFrom", {}):
-            field_env[item["name"]] = item["valueFrom"]["fieldRef"]["fieldPath"]
-    argv = list(container.get("command", [])) + list(container.get("args", []))
-    return PodCommand(job["metadata"]["name"], argv, env, field_env)
+    return PodTemplate(
+        job_name=job["metadata"]["name"],
+        init_containers=[_container(c) for c in spec.get("initContainers", [])],
+        trainer=_container(main[0]),
+    )
+
+
+def _container(raw: dict[str, Any]) -> Container:
+    # Only literal values travel; downward-API values (fieldRef) are set per pod by whoever runs it.
+    env = {item["name"]: str(item["value"]) for item in raw.get("env", []) if "value" in item}
+    return Container(raw["name"], list(raw.get("command", [])) + list(raw.get("args", [])), env)
 
 
 def _annotations(manifest: dict[str, Any]) -> dict[str, str]:

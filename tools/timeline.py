@@ -1,37 +1,26 @@
 """Draw a run's timeline (productive steps, recomputed steps, checkpoints, faults, recoveries) as a PNG.
 
-Reads the trainer's event files directly (Contract 3 in docs/design.md), so it needs no torch.
+Reads the trainer's event files (Contract 3 in docs/design.md) through trainer.metrics.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # headless: the demo runs on machines with no display
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
+
+from trainer.metrics import read_events
 
 TIER_COLOURS = {1: "#e69f00", 2: "#d55e00"}
 
 
-def read_events(out_dir: Path) -> list[dict[str, Any]]:
-    events = []
-    for path in sorted(out_dir.glob("events.rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                try:
-                    events.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a SIGKILL: the rest of the file is still good
-    return sorted(events, key=lambda e: e["t"])
-
-
 def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
-    events = read_events(out_dir)
+    events, _ = read_events(out_dir)
     if not events:
         raise ValueError(f"no events under {out_dir}")
     t0 = min(e["t"] for e in events)
@@ -48,8 +37,9 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
         ax.broken_barh([(e["t_start"] - t0, e["t_end"] - e["t_start"])], (2.0, 0.8), color=colour)
     for e in events:
         if e["ev"] == "ckpt_save" and e.get("rank", 0) == 0:
-            ax.broken_barh([(e["t"] - e["blocked_s"] - t0, max(e["blocked_s"], 0.05))], (1.0, 0.8),
-                           color="#0072b2")
+            ax.broken_barh(
+                [(e["t"] - e["blocked_s"] - t0, max(e["blocked_s"], 0.05))], (1.0, 0.8), color="#0072b2"
+            )
         if e["ev"] == "ckpt_commit":
             ax.plot(e["t"] - t0, 1.4, marker="|", color="#0072b2", markersize=14)
     for fault in summary.get("faults", []):
@@ -70,12 +60,18 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
     if efficiency is not None:
         title += f": training efficiency {efficiency:.1%}"
     ax.set_title(title)
-    ax.legend(handles=[Patch(color="#009e73", label="productive step"),
-                       Patch(color="#999999", label="recomputed step"),
-                       Patch(color="#0072b2", label="checkpoint stall / commit"),
-                       Patch(color=TIER_COLOURS[1], alpha=0.4, label="tier-1 recovery"),
-                       Patch(color=TIER_COLOURS[2], alpha=0.4, label="tier-2 recovery")],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.legend(
+        handles=[
+            Patch(color="#009e73", label="productive step"),
+            Patch(color="#999999", label="recomputed step"),
+            Patch(color="#0072b2", label="checkpoint stall / commit"),
+            Patch(color=TIER_COLOURS[1], alpha=0.4, label="tier-1 recovery"),
+            Patch(color=TIER_COLOURS[2], alpha=0.4, label="tier-2 recovery"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize=8,
+    )
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=120)

@@ -1,0 +1,366 @@
+"""`make demo`: the blueprint end to end on one CPU machine.
+
+1. synthesize the default team's environment offline (the CDK app, as `cdk synth` runs it);
+2. render the trainer chart with the values that environment deploys, plus tools/demo-values.yaml;
+3. run the rendered pod commands (init container, then `ft_launcher ... -m trainer ...`) locally as
+   2 pods x 2 ranks, with a soft fault (tier 1, in-process restart) and a hard fault (tier 2, a pod
+   lost whole and replaced as the Job controller would) injected through the chart's `faults` value;
+4. report: steps, each fault with its tier and recovery time, checkpoint stall, training efficiency,
+   written to out/demo/report.json and out/demo/timeline.png.
+
+Only cluster places are swapped for local ones (the rendezvous endpoint, the FSx and NVMe paths);
+everything else is the rendered manifest's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.planner import predict_from_summary
+from tools.cfn import helm_releases
+from tools.localpods import LocalJob, PodSpec
+from tools.podspec import PodTemplate, load_manifests, trainer_pod
+from tools.timeline import draw
+from trainer.metrics import read_events, write_summary
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+RELEASE = "trainer"
+TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
+
+
+def say(message: str) -> None:
+    print(f"[demo] {message}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- 1. synthesize -------------------------------------------------------------------------------
+def default_team(teams_file: Path) -> dict[str, Any]:
+    """The first team of the teams file (the embedded default)."""
+    teams = (yaml.safe_load(teams_file.read_text()) or {}).get("teams") or []
+    if not teams:
+        raise SystemExit(f"demo: {teams_file} has no teams")
+    return dict(teams[0])
+
+
+def synthesize(teams_file: Path, team: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Synthesize one team's stack and return the trainer release's values from its template."""
+    cdk_out = out / "cdk.out"
+    shutil.rmtree(cdk_out, ignore_errors=True)
+    started = time.monotonic()
+    cmd = [
+        str(REPO / "node_modules/.bin/cdk"),
+        "synth",
+        "--quiet",
+        "-c",
+        f"teams_file={teams_file}",
+        "-c",
+        f"team={team['name']}",
+        "-o",
+        str(cdk_out),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: cdk synth failed:\n{proc.stderr[-4000:]}")
+    templates = sorted(cdk_out.glob("*.template.json"))
+    if len(templates) != 1:
+        raise SystemExit(f"demo: expected one template for team {team['name']}, found {len(templates)}")
+    resources = json.loads(templates[0].read_text())["Resources"]
+    say(f"synthesized {templates[0].name}: {len(resources)} resources in {time.monotonic() - started:.1f} s")
+    pseudo = {
+        "AWS::AccountId": str(team["account"]),
+        "AWS::Region": str(team["region"]),
+        "AWS::Partition": "aws",
+        "AWS::URLSuffix": "amazonaws.com",
+    }
+    releases = helm_releases(templates[0], pseudo)
+    if RELEASE not in releases:
+        raise SystemExit(f"demo: no '{RELEASE}' Helm release in {templates[0].name}")
+    return releases[RELEASE]
+
+
+# -- 2. render -----------------------------------------------------------------------------------
+def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
+    values_path = out / "values-synthesized.json"
+    values_path.write_text(json.dumps(release["Values"], indent=2) + "\n")
+    cmd = [
+        str(REPO / ".tools/bin/helm"),
+        "template",
+        RELEASE,
+        str(REPO / "k8s"),
+        "--namespace",
+        str(release.get("Namespace", "default")),
+        "-f",
+        str(values_path),
+        "-f",
+        str(overrides),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"demo: helm template failed: {proc.stderr.strip()}")
+    (out / "rendered.yaml").write_text(proc.stdout)
+    pod = trainer_pod(load_manifests(proc.stdout))
+    env = pod.trainer.env
+    say(
+        f"rendered Job {pod.job_name}: {env['NNODES']} pods x {env['NPROC_PER_NODE']} ranks, "
+        f"image {release['Values']['image']['repository']}:{release['Values']['image']['tag'][:12]}..."
+    )
+    return pod
+
+
+# -- 3. run --------------------------------------------------------------------------------------
+def local_env(pod: PodTemplate, out: Path, index: int, rdzv_port: int) -> dict[str, str]:
+    """The pod's env with cluster places swapped for local ones (the only changes the demo makes)."""
+    env = dict(pod.trainer.env)
+    fsx = out / "fsx"
+    env.update(
+        {
+            "RDZV_ENDPOINT": f"127.0.0.1:{rdzv_port}",
+            "DATA_PATH": str(fsx / "data" / Path(env["DATA_PATH"]).name),
+            "CHECKPOINT_DIR": str(fsx / "checkpoints"),
+            "LOCAL_CHECKPOINT_DIR": str(out / f"nvme-node{index}" / "checkpoints"),
+            "OUT_DIR": str(fsx / "runs"),
+            "JOB_COMPLETION_INDEX": str(index),
+        }
+    )
+    return env
+
+
+def process_env(pod_env: dict[str, str]) -> dict[str, str]:
+    # The image's PATH has ft_launcher and python; here they come from the project's virtualenv.
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "MASTER_", "RANK"))}
+    base["PATH"] = f"{VENV_BIN}{os.pathsep}{base.get('PATH', '')}"
+    base["PYTHONPATH"] = str(REPO)
+    return {**base, **pod_env}
+
+
+def run_init_containers(pod: PodTemplate, out: Path, rdzv_port: int) -> None:
+    for container in pod.init_containers:
+        env = local_env(pod, out, 0, rdzv_port)
+        env = {**env, **{k: v for k, v in container.env.items() if k not in env}}
+        env["DATA_PATH"] = local_env(pod, out, 0, rdzv_port)["DATA_PATH"]
+        started = time.monotonic()
+        proc = subprocess.run(
+            container.resolved_argv(env),
+            env=process_env(env),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"demo: init container {container.name} failed: {proc.stderr.strip()}")
+        say(f"init container {container.name}: done in {time.monotonic() - started:.1f} s")
+
+
+class Progress:
+    """Prints what the run's event files say, as it happens."""
+
+    def __init__(self, run_dir: Path, total_steps: int) -> None:
+        self.run_dir, self.total_steps = run_dir, total_steps
+        self.seen = 0
+        self.last_step_printed = -1
+
+    def update(self) -> None:
+        events, _ = read_events(self.run_dir)
+        for e in events[self.seen :]:
+            kind = e["ev"]
+            if (
+                kind == "step"
+                and e["rank"] == 0
+                and (e["step"] % 10 == 0 or e["step"] < self.last_step_printed)
+            ):
+                say(f"step {e['step']:>3}/{self.total_steps}  loss {e['loss']:.3f}")
+                self.last_step_printed = e["step"]
+            elif kind == "fault_injected":
+                say(f"FAULT injected: {e['fault']} on rank {e['rank']} at step {e['step']}")
+            elif kind == "fault_detected" and e["rank"] == 0:
+                say(f"  detected by tier {e['tier']}: {e.get('reason', '')}")
+            elif kind == "restore" and e["rank"] == 0:
+                where = f"step {e['step']}" if e["step"] >= 0 else "scratch (no checkpoint yet)"
+                say(f"  rank 0 resumed from {where} (load {e['load_s']:.2f} s)")
+            elif kind == "ckpt_skipped":
+                say(f"  checkpoint skipped: {e['path']}: {e['reason']}")
+        self.seen = len(events)
+
+
+def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
+    rdzv_port = free_port()
+    run_init_containers(pod, out, rdzv_port)
+    nnodes = int(pod.trainer.env["NNODES"])
+    specs = []
+    for index in range(nnodes):
+        env = local_env(pod, out, index, rdzv_port)
+        specs.append(
+            PodSpec(
+                f"{pod.job_name}-{index}",
+                pod.trainer.resolved_argv(env),
+                process_env(env),
+                out / "logs" / f"pod-{index}.log",
+            )
+        )
+
+    def on_event(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "pod_exit" and fields.get("reason") != "succeeded":
+            say(
+                f"  pod {fields.get('index')} exited {fields.get('returncode')} ({fields.get('reason')}); "
+                "the Job controller replaces it"
+            )
+        elif kind == "pod_start" and fields.get("attempt", 0) > 0:
+            say(f"  replacement pod {fields.get('index')} started (attempt {fields.get('attempt')})")
+
+    run_dir = Path(specs[0].env["OUT_DIR"])
+    progress = Progress(run_dir, int(_flag(pod.trainer.argv, "--steps")))
+    say(f"starting {nnodes} local pods (logs in {out / 'logs'})")
+    with LocalJob(
+        specs,
+        backoff_limit=3,
+        fail_job_exit_codes=(2,),
+        replace_delay_s=1.0,
+        host_port=rdzv_port,
+        on_event=on_event,
+    ) as job:
+        job.start()
+        deadline = time.monotonic() + timeout_s
+        result = None
+        while result is None and time.monotonic() < deadline:
+            result = job.poll()
+            progress.update()
+            time.sleep(0.5)
+        progress.update()
+        if result is None:
+            say(f"timed out after {timeout_s:.0f} s")
+            return False
+        say(f"job finished: {result.reason}")
+        return result.succeeded
+
+
+def _flag(argv: list[str], name: str) -> str:
+    for arg in argv:
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise SystemExit(f"demo: the rendered command has no {name}")
+
+
+# -- 4. report -----------------------------------------------------------------------------------
+def report(run_dir: Path, out: Path, job_ok: bool) -> dict[str, Any]:
+    summary_path = write_summary(run_dir)
+    summary = json.loads(summary_path.read_text())
+    prediction = predict_from_summary(summary_path)
+    stall = summary["ckpt"]["stall_s"]
+    result = {
+        "job_succeeded": job_ok,
+        "steps": summary["steps"],
+        "steps_recomputed": summary["steps_recomputed"],
+        "wall_s": summary["wall_s"],
+        "productive_s": summary["productive_s"],
+        "training_efficiency": summary["training_efficiency"],
+        "planner_predicted_efficiency": prediction["predicted_efficiency"],
+        "checkpoint": {
+            "saves": summary["ckpt"]["saves"],
+            "stall_median_s": stall["median"],
+            "stall_max_s": stall["max"],
+            "commits": summary["ckpt"]["commits"],
+        },
+        "faults": [
+            {
+                "type": f["type"],
+                "tier": f["tier"],
+                "recovered": f["recovered"],
+                "mttr_s": f["mttr_s"],
+                "detection_s": f["detection_s"],
+                "step": f["step"],
+                "rank": f["rank"],
+                "steps_recomputed": f["steps_recomputed"],
+            }
+            for f in summary["faults"]
+        ],
+        "summary": str(summary_path),
+    }
+    (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
+    draw(run_dir, summary, out / "timeline.png")
+    print_report(result, out)
+    return result
+
+
+def print_report(r: dict[str, Any], out: Path) -> None:
+    def secs(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.2f} s"
+
+    lines = [
+        "",
+        "=" * 72,
+        "Smoke run report",
+        "=" * 72,
+        f"steps         {r['steps']} kept, {r['steps_recomputed']} recomputed; wall {r['wall_s']:.1f} s",
+        "faults",
+    ]
+    for f in r["faults"]:
+        status = "recovered" if f["recovered"] else "NOT RECOVERED"
+        lines.append(
+            f"  {f['type']:<10} step {f['step']:<3} rank {f['rank']}  "
+            f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
+            f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
+        )
+    ck = r["checkpoint"]
+    lines += [
+        f"checkpoints   {ck['saves']} saves, {ck['commits']} committed; training blocked "
+        f"{secs(ck['stall_median_s'])} median, {secs(ck['stall_max_s'])} max per save",
+        f"efficiency    {r['training_efficiency']:.1%} productive time / wall time "
+        f"(goodput planner predicts {r['planner_predicted_efficiency']:.1%} from the measured "
+        "MTTR and stall)",
+        f"written       {out / 'report.json'}, {out / 'timeline.png'}",
+        "=" * 72,
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.demo", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--teams", type=Path, default=REPO / "teams.yaml", help="teams file (first = default)"
+    )
+    parser.add_argument(
+        "--values",
+        type=Path,
+        default=REPO / "tools/demo-values.yaml",
+        help="chart values layered over the synthesized ones",
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "out/demo", help="output directory")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is abandoned")
+    args = parser.parse_args(argv)
+
+    out = args.out.resolve()
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run: old checkpoints would make it resume, not train
+    out.mkdir(parents=True)
+    team = default_team(args.teams.resolve())
+    say(f"1/4 synthesize the environment of team '{team['name']}' ({args.teams})")
+    release = synthesize(args.teams.resolve(), team, out)
+    say("2/4 render the trainer chart with the synthesized values + " + str(args.values))
+    pod = render(release, args.values.resolve(), out)
+    say("3/4 run the pod command locally (CPU, gloo)")
+    job_ok = run_pods(pod, out, args.timeout)
+    say("4/4 report")
+    result = report(out / "fsx" / "runs", out, job_ok)
+    faults_ok = bool(result["faults"]) and all(f["recovered"] for f in result["faults"])
+    return 0 if job_ok and faults_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
