@@ -59,7 +59,7 @@ def destroy_all_process_groups() -> None:
             dist.destroy_process_group()
         except Exception as exc:  # already half torn down by the other thread: nothing left to do
             log.debug("destroy_process_group: %s", exc)
-    gc.collect()
+        gc.collect()  # only when there was something to destroy: a full collection costs ~0.1-0.3 s
 
 
 def release_mesh_groups(mesh: Any) -> None:

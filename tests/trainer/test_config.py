@@ -1,0 +1,199 @@
+"""Configuration, CLI, timeouts and fault specs: everything that must fail before a process group starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, free_port
+from trainer.config import ConfigError, config_from_args
+from trainer.faults import FaultInjector, FaultSpec, InjectedFault, parse_fault, resolve_ranks
+from trainer.resilience.timeouts import TimeoutNestingError, Timeouts, trainer_ports
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.data import write_synthetic_tokens
+
+    return write_synthetic_tokens(tmp_path_factory.mktemp("d") / "t.npy", 10_000, 2048, seed=1)
+
+
+def _args(data: Path, *extra: str) -> list[str]:
+    return ["--data-path", str(data), "--out-dir", "/tmp/unused-out", *extra]
+
+
+def test_defaults_parse_and_nest(data: Path) -> None:
+    cfg = config_from_args(_args(data), env={})
+    assert cfg.preset == "tiny" and cfg.inprocess and cfg.ckpt.dir == Path("/tmp/unused-out/ckpt")
+    t = cfg.timeouts
+    assert (
+        t.collective_timeout
+        < t.inprocess_soft_timeout
+        < t.inprocess_hard_timeout
+        < t.inprocess_barrier_timeout
+        < t.heartbeat_timeout
+    )
+    assert cfg.to_dict()["data_path"] == str(data)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--preset", "huge"], "preset"),
+        (["--seq-len", "100000"], "seq_len"),
+        (["--steps", "0"], "steps"),
+        (["--micro-batch-size", "0"], "micro_batch_size"),
+        (["--lr", "-1"], "lr"),
+        (["--lr", "nan"], "lr"),
+        (["--ckpt-interval", "0"], "ckpt_interval"),
+        (["--ckpt-keep", "0"], "ckpt_keep"),
+        (["--metrics-port", "70000"], "metrics_port"),
+        (["--collective-timeout", "100"], "inprocess_soft_timeout"),
+        (["--inprocess-hard-timeout", "50"], "inprocess_hard_timeout"),
+        (["--heartbeat-timeout", "100"], "heartbeat_timeout"),
+        (["--fault", "meteor:step=3"], "fault"),
+        (["--fault", "exception:rank=1"], "fault"),
+        (["--fault", "exception:step=500"], "fault"),
+        (["--fault", "ckpt-crash:step=95", "--ckpt-interval", "10", "--steps", "99"], "fault"),
+    ],
+)
+def test_bad_values_name_the_field(data: Path, extra: list[str], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_args(_args(data, *extra), env={})
+    assert info.value.field == field
+    assert str(info.value).startswith(f"config error: {field}: ")
+
+
+def test_missing_data_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config error: data_path: "):
+        config_from_args(_args(tmp_path / "absent.npy"), env={})
+
+
+def test_faults_come_from_cli_and_env(data: Path) -> None:
+    cfg = config_from_args(
+        _args(data, "--fault", "exception:step=3:rank=1"),
+        env={"TRAINER_FAULTS": "sigkill:step=5 ; node-loss:step=7:node=1"},
+    )
+    assert [str(f) for f in cfg.faults] == [
+        "exception:step=3:rank=1:node=0",
+        "sigkill:step=5:rank=0:node=0",
+        "node-loss:step=7:rank=0:node=1",
+    ]
+
+
+def test_cli_help_lists_the_contract_options() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer", "--help"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0
+    for option in ("--preset", "--ckpt-mode", "--no-inprocess", "--inprocess-barrier-timeout", "--fault"):
+        assert option in out.stdout
+
+
+def test_bad_config_exits_before_any_process_group(data: Path, tmp_path: Path) -> None:
+    # WORLD_SIZE=2 with no second rank: had the trainer started a process group it would wait for a peer
+    # (and write run_start); a config error must end it at once with status 2 and the field named.
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    out_dir = tmp_path / "out"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", *_args(data, "--seq-len", "4096"), "--out-dir", str(out_dir)],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "config error: seq_len: must be in [1, 512]" in proc.stderr
+    assert not list(out_dir.glob("events.rank*.jsonl")), "the trainer got as far as writing events"
+    assert time.monotonic() - t0 < 60
+
+
+def test_timeouts_must_nest() -> None:
+    Timeouts(1, 2, 3, 4, 5).check()
+    with pytest.raises(TimeoutNestingError) as info:
+        Timeouts(1, 2, 3, 3, 5).check()
+    assert info.value.field == "inprocess_barrier_timeout"
+    with pytest.raises(TimeoutNestingError) as info:
+        Timeouts(0, 2, 3, 4, 5).check()
+    assert info.value.field == "collective_timeout"
+    kwargs = Timeouts(1, 2, 3, 4, 5).wrapper_kwargs()
+    assert kwargs["soft_timeout"] < kwargs["hard_timeout"] < kwargs["barrier_timeout"]
+    assert kwargs["heartbeat_timeout"] < kwargs["barrier_timeout"]
+
+
+def test_trainer_ports_are_distinct_from_the_launchers() -> None:
+    ports = trainer_ports({"MASTER_ADDR": "pod-0.svc", "MASTER_PORT": "29500"})
+    assert (ports.host, ports.pg_port, ports.inprocess_port) == ("pod-0.svc", 29501, 29502)
+    override = trainer_ports(
+        {"MASTER_PORT": "29500", "TRAINER_STORE_HOST": "h", "TRAINER_INPROCESS_PORT": "4000"}
+    )
+    assert (override.host, override.inprocess_port) == ("h", 4000)
+    with pytest.raises(ValueError, match="must differ"):
+        trainer_ports({"MASTER_PORT": "29500", "TRAINER_PG_PORT": "29500"})
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("exception:step=3", FaultSpec("exception", 3, 0, 0)),
+        ("sigkill:step=0:rank=2", FaultSpec("sigkill", 0, 2, 0)),
+        ("node-loss:step=4:node=1", FaultSpec("node-loss", 4, 0, 1)),
+        ("ckpt-corrupt:rank=1:step=9", FaultSpec("ckpt-corrupt", 9, 1, 0)),
+    ],
+)
+def test_parse_fault(text: str, spec: FaultSpec) -> None:
+    assert parse_fault(text) == spec
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["exception", "exception:step=x", "exception:step=-1", "hang:step=1:rank=1:rank=2", "hang:step=1:when=2"],
+)
+def test_parse_fault_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_fault(text)
+
+
+def test_random_rank_is_drawn_from_the_fault_seed() -> None:
+    specs = [parse_fault("exception:step=1:rank=random"), parse_fault("sigkill:step=2:rank=random")]
+    draws = {tuple(s.rank for s in resolve_ranks(specs, 8, seed)) for seed in range(20)}
+    assert resolve_ranks(specs, 8, 5) == resolve_ranks(specs, 8, 5)
+    assert len(draws) > 1 and all(0 <= r < 8 for d in draws for r in d)
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve_ranks([parse_fault("exception:step=1:rank=4")], 2, 0)
+
+
+def test_a_fault_fires_once_per_run_even_across_restarts(tmp_path: Path) -> None:
+    emitted: list[tuple[str, int]] = []
+
+    def injector(rank: int) -> FaultInjector:
+        specs = [parse_fault("exception:step=2:rank=1")]
+        return FaultInjector(
+            specs, rank=rank, node=0, marker_dir=tmp_path, emit=lambda k, s: emitted.append((k, s))
+        )
+
+    injector(0).at_step(2)  # not this rank
+    first = injector(1)
+    first.at_step(1)
+    with pytest.raises(InjectedFault):
+        first.at_step(2)
+    injector(1).at_step(2)  # a "restarted process": the marker file says it already fired
+    first.at_step(2)
+    assert emitted == [("exception", 2)]
