@@ -1,4 +1,4 @@
-"""Smoke-test a deployed environment: a short faulted training run of the chart, and whether both tiers recovered.
+"""Smoke-test a deployed environment: a short faulted run of the chart; did both recovery tiers recover?
 
 For users with a deployed team environment (`cdk deploy`) and a kubeconfig pointing at its cluster:
 
@@ -21,7 +21,7 @@ A training Job of another release holding the GPU nodes (the infra release start
 smoke pods pending: the tool refuses to start then, unless --suspend-running, which suspends those Jobs
 (their pods stop; they resume from their last checkpoint) and resumes them at the end.
 
-`--render-only` prints the smoke release's manifests (helm template) and the commands it would run,
+`--render-only` prints the smoke release's manifests (helm template) with chart defaults or --values,
 touching no cluster. Exit codes: 0 both tiers recovered, 1 they did not (or the run failed), 2 usage or
 environment error.
 """
@@ -86,7 +86,9 @@ class SmokePlan:
             raise SmokeError("ckpt_interval must be shorter than the gap between the faults")
 
 
-def smoke_values(base: dict[str, Any], plan: SmokePlan, run_name: str, nodes: int | None = None) -> dict[str, Any]:
+def smoke_values(
+    base: dict[str, Any], plan: SmokePlan, run_name: str, nodes: int | None = None
+) -> dict[str, Any]:
     """Chart values of the smoke release: the environment's Contract 1 values plus the smoke run."""
     values = {key: base[key] for key in CONTRACT_1_KEYS if key in base}
     if nodes is not None:
@@ -160,8 +162,10 @@ def evaluate(summary: dict[str, Any], plan: SmokePlan) -> Verdict:
     eff = summary.get("training_efficiency")
     lines.append(f"status {summary.get('status')}: {steps} steps kept, final step {final}")
     if eff is not None:
-        lines.append(f"training efficiency {eff:.1%} (productive {summary.get('productive_s', 0):.1f} s "
-                     f"of {summary.get('wall_s', 0):.1f} s wall)")
+        lines.append(
+            f"training efficiency {eff:.1%} (productive {summary.get('productive_s', 0):.1f} s "
+            f"of {summary.get('wall_s', 0):.1f} s wall)"
+        )
     recovered_tiers = set()
     for fault in summary.get("faults", []):
         mttr = fault.get("mttr_s")
@@ -207,7 +211,9 @@ class Cluster:
     def run(self, argv: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         result = self.runner(argv)
         if check and result.returncode != 0:
-            raise SmokeError(f"{' '.join(argv[:3])} ... failed ({result.returncode}): {result.stderr.strip()}")
+            raise SmokeError(
+                f"{' '.join(argv[:3])} ... failed ({result.returncode}): {result.stderr.strip()}"
+            )
         return result
 
     def kube(self, *args: str) -> list[str]:
@@ -260,8 +266,13 @@ def install_command(
 
 
 def wait_for_job(
-    cluster: Cluster, job: str, release: str, timeout_s: float, poll_s: float,
-    clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+    cluster: Cluster,
+    job: str,
+    release: str,
+    timeout_s: float,
+    poll_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Poll the Job until it completes or fails (returns the state), printing pod phases when they change."""
     deadline = clock() + timeout_s
@@ -283,11 +294,15 @@ def smoke(args: argparse.Namespace, cluster: Cluster, plan: SmokePlan) -> Verdic
     """The whole smoke run against a cluster (see the module docstring)."""
     log = cluster.log
     base = (
-        yaml.safe_load(Path(args.values).read_text()) if args.values else cluster.release_values(args.from_release)
+        yaml.safe_load(Path(args.values).read_text())
+        if args.values
+        else cluster.release_values(args.from_release)
     )
     missing = [key for key in ("image", "nodes", "storage") if key not in (base or {})]
     if missing:
-        raise SmokeError(f"no Contract 1 values {missing} in the base values; pass --values or --from-release")
+        raise SmokeError(
+            f"no Contract 1 values {missing} in the base values; pass --values or --from-release"
+        )
     run_name = f"{args.release}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     values = smoke_values(base, plan, run_name, args.nodes)
 
@@ -304,21 +319,24 @@ def smoke(args: argparse.Namespace, cluster: Cluster, plan: SmokePlan) -> Verdic
         with tempfile.TemporaryDirectory() as tmp:
             values_file = Path(tmp) / "smoke-values.json"
             values_file.write_text(json.dumps(values, indent=2))
-            log(f"installing release {args.release} (run {run_name}, {values['nodes']} nodes, "
-                f"faults {values['faults']['soft']} and {values['faults']['hard']})")
+            log(
+                f"installing release {args.release} (run {run_name}, {values['nodes']} nodes, "
+                f"faults {values['faults']['soft']} and {values['faults']['hard']})"
+            )
             cluster.run(install_command(cluster, args.release, Path(args.chart), values_file, 300))
         job = fullname(args.release)
         state = wait_for_job(cluster, job, args.release, args.timeout, args.poll)
         log(f"job {job}: {state}")
         test = cluster.run(cluster.helm_cmd("test", args.release, "--timeout", "15m"), check=False)
         log(test.stdout.strip())
-        if test.returncode != 0:
-            log(f"helm test reported a failure: {test.stderr.strip()}")
         summary_log = cluster.run(cluster.kube("logs", f"{job}-test-run", "-c", "summary")).stdout
         verdict = evaluate(parse_summary(summary_log), plan)
         if state != "complete":
             verdict.ok = False
             verdict.lines.append(f"FAIL: the Job ended {state}")
+        if test.returncode != 0:  # the node check (GPUs, EFA, FSx, NVMe) or the run summary failed
+            verdict.ok = False
+            verdict.lines.append(f"FAIL: helm test failed: {test.stderr.strip()}")
         if verdict.ok and not args.keep:
             cluster.run(cluster.helm_cmd("uninstall", args.release), check=False)
             log(f"uninstalled {args.release} (its checkpoints and events stay on FSx under runs/{run_name})")
@@ -358,7 +376,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--from-release", default=INFRA_RELEASE, help="release whose Contract 1 values to reuse (infra's)"
     )
-    parser.add_argument("--values", help="a values file with the Contract 1 values, instead of --from-release")
+    parser.add_argument(
+        "--values", help="a values file with the Contract 1 values, instead of --from-release"
+    )
     parser.add_argument("--nodes", type=int, help="pods of the smoke run (default: the environment's nodes)")
     parser.add_argument("--chart", default=str(DEFAULT_CHART), help="the chart directory")
     parser.add_argument("--helm", default=str(DEFAULT_HELM), help="helm binary")
