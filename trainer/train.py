@@ -250,8 +250,8 @@ def _train_steps(
 
 def _corrupt_newest(s: Session) -> None:
     """ckpt-corrupt: make the newest committed checkpoint unreadable (flip bytes in its largest file)."""
-    s.ckpt.wait()
-    newest = s.ckpt.latest_committed_path() if hasattr(s.ckpt, "latest_committed_path") else None
+    # No wait() here: it is collective and only the faulting rank is in this function.
+    newest = s.ckpt.latest_committed_path()
     if newest is None:
         return
     files = sorted((p for p in Path(newest).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
