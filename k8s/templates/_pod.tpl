@@ -165,6 +165,8 @@ spec:
   subdomain: {{ $fullname }}
   {{- end }}
   serviceAccountName: {{ $v.serviceAccountName }}
+  {{- /* The trainer talks to its peers and FSx, never to the Kubernetes API. */}}
+  automountServiceAccountToken: false
   terminationGracePeriodSeconds: {{ int $v.terminationGracePeriodSeconds }}
   {{- with $v.priorityClassName }}
   priorityClassName: {{ . }}
@@ -235,8 +237,10 @@ spec:
       ports:
         - name: rdzv
           containerPort: {{ int $v.rdzvPort }}
+        {{- if gt (int $v.metricsPort) 0 }}
         - name: metrics
           containerPort: {{ int $v.metricsPort }}
+        {{- end }}
       resources:
         {{- include "trainer.resources" . | nindent 8 }}
       securityContext:
@@ -291,6 +295,7 @@ podFailurePolicy:
           - {{ int . }}
           {{- end }}
     {{- end }}
+suspend: {{ $v.suspend }}
 {{- with $v.activeDeadlineSeconds }}
 activeDeadlineSeconds: {{ int . }}
 {{- end }}

@@ -257,3 +257,14 @@ def test_preset_vocabularies_mirror_the_trainer() -> None:
     for preset, cfg in PRESETS.items():
         pod = by_kind(render({"syntheticTokens": 10, "preset": preset}), "Job")[0]["spec"]["template"]["spec"]
         assert f"--vocab {cfg.vocab_size} " in pod["initContainers"][0]["args"][0], preset
+
+
+def test_local_cpu_example_is_a_valid_trainer_config(tmp_path: Path) -> None:
+    import yaml
+
+    from tests.chart.helm import CHART
+
+    local = yaml.safe_load((CHART / "examples" / "local-cpu.yaml").read_text())
+    cfg = parse_trainer(tmp_path, local)
+    assert cfg.timeouts.heartbeat_timeout == local["ftRankHeartbeatTimeout"]
+    assert {f.kind for f in cfg.faults} == {"exception", "sigkill"}

@@ -6,6 +6,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.chart.helm import CHART, HELM, by_kind, helm, render, workload_pod_spec
 
@@ -13,8 +14,11 @@ K8S_VERSION = "1.35.0"
 # kubernetes-validate has schemas for built-in kinds only; CRD kinds are skipped and listed here.
 CRD_KINDS = {"JobSet"}
 
+LOCAL_CPU = yaml.safe_load((CHART / "examples" / "local-cpu.yaml").read_text())
+
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "local-cpu-example": LOCAL_CPU,
     "p5": {"instanceType": "p5.48xlarge"},
     "p5e": {"instanceType": "p5e.48xlarge"},
     "p5en": {"instanceType": "p5en.48xlarge"},
@@ -125,6 +129,10 @@ def test_failure_policy_leaves_restarts_to_ft_launcher_and_replaces_lost_pods() 
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert fail_job["action"] == "FailJob"
     assert fail_job["onExitCodes"] == {"containerName": "trainer", "operator": "In", "values": [2]}
+    assert spec["suspend"] is False
+    assert spec["template"]["spec"]["automountServiceAccountToken"] is False
+    (suspended,) = by_kind(render({"suspend": True}), "Job")
+    assert suspended["spec"]["suspend"] is True
 
 
 def test_jobset_rdzv_endpoint_names_its_pod_zero() -> None:
@@ -153,3 +161,13 @@ def test_long_release_names_keep_hostnames_within_63_characters(workload: str) -
     env = {e["name"]: e["value"] for e in workload_pod_spec(manifests)["containers"][0]["env"]}
     assert env["RDZV_ENDPOINT"].startswith(f"{name}-")
     assert HELM.exists()
+
+
+def test_local_cpu_example_drops_cluster_only_parts() -> None:
+    manifests = render(LOCAL_CPU)
+    (job,) = by_kind(manifests, "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert "vpc.amazonaws.com/efa" not in container["resources"]["limits"]
+    assert "hugepages-2Mi" not in container["resources"]["limits"]
+    assert [p["name"] for p in container["ports"]] == ["rdzv"]  # metricsPort 0: exporter off
+    assert "--device=cpu" in container["args"]
