@@ -171,3 +171,15 @@ def test_local_cpu_example_drops_cluster_only_parts() -> None:
     assert "hugepages-2Mi" not in container["resources"]["limits"]
     assert [p["name"] for p in container["ports"]] == ["rdzv"]  # metricsPort 0: exporter off
     assert "--device=cpu" in container["args"]
+
+
+def test_notes_tell_where_the_run_writes() -> None:
+    result = helm(
+        "install", "x", str(CHART), "--dry-run=client", "--namespace", "team-a", values={"nodes": 3}
+    )
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "3 x p5.48xlarge, 24 ranks" in notes
+    assert "batch.kubernetes.io/job-name=x-trainer,batch.kubernetes.io/job-completion-index=0" in notes
+    assert "/fsx/runs/x-trainer" in notes
+    assert "helm test x -n team-a" in notes
