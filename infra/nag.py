@@ -61,7 +61,10 @@ def _kubectl_findings(stack: Stack, provider: Construct) -> list[str]:
         "IAM5[Action::s3:GetBucket*]",
         "IAM5[Action::s3:GetObject*]",
         "IAM5[Action::s3:List*]",
+        # The bucket ARN reads arn:aws:... or arn:<AWS::Partition>:... depending on the
+        # @aws-cdk/core:enablePartitionLiterals flag; apps built without cdk.json's context get the latter.
         f"IAM5[Resource::arn:aws:s3:::{bucket}/*]",
+        f"IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket}/*]",
         f"IAM5[Resource::<{handler_id}.Arn>:*]",
     ]
 
