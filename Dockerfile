@@ -6,10 +6,11 @@
 # Nothing from infra/ goes in: the trainer never imports it.
 
 # The base's torch, CUDA and NCCL are kept as they are: pip may not replace them (see PIP_CONSTRAINT).
-ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.06-py3
+# NGC 26.07: torch 2.13.0a0 (the trainer is developed against torch 2.13), CUDA 13, Python 3.12.
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:26.07-py3
 FROM ${BASE_IMAGE}
 
-ARG EFA_INSTALLER_VERSION=1.42.0
+ARG EFA_INSTALLER_VERSION=1.48.0
 # NVRx 0.5-0.7 ship only cp312 manylinux_2_39 wheels: Python 3.12 and glibc 2.39 (Ubuntu 24.04) needed.
 ARG NVRX_VERSION=0.7.0
 ARG PROMETHEUS_CLIENT_VERSION=0.26.0
@@ -31,12 +32,20 @@ RUN apt-get update \
  && ./efa_installer.sh --yes --skip-kmod --skip-limit-conf --no-verify \
  && cd / && rm -rf /tmp/aws-efa-installer \
  && apt-get clean && rm -rf /var/lib/apt/lists/*
-RUN find /opt/amazon/ofi-nccl -name 'libnccl-net*.so*' | grep -q . \
-    || { echo "aws-ofi-nccl is missing from the EFA installer's output" >&2; exit 1; }
+# aws-ofi-nccl is libnccl-net-ofi.so in /opt/amazon/ofi-nccl/lib since EFA installer 1.44 (before:
+# libnccl-net.so under lib/x86_64-linux-gnu). Make both names exist and register the directory, then
+# select the plugin by name, so no other net plugin on the path (NGC ships HPC-X's) can win.
+RUN lib="$(find /opt/amazon/ofi-nccl -name 'libnccl-net*.so' | head -n 1)" \
+ && { [ -n "$lib" ] || { echo "aws-ofi-nccl is missing from the EFA installer's output" >&2; exit 1; }; } \
+ && dir="$(dirname "$lib")" \
+ && for name in libnccl-net-ofi.so libnccl-net.so; do \
+      [ -e "$dir/$name" ] || ln -s "$(basename "$lib")" "$dir/$name"; done \
+ && echo "$dir" > /etc/ld.so.conf.d/000-aws-ofi-nccl.conf && ldconfig
 
-# NCCL loads libnccl-net.so (aws-ofi-nccl) from the library path; libfabric's EFA provider from efa/lib.
-ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH} \
-    PATH=/opt/amazon/efa/bin:${PATH}
+# NCCL loads libnccl-net-<NCCL_NET_PLUGIN>.so from the library path; libfabric's EFA provider from efa/lib.
+ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:/opt/amazon/efa/lib:${LD_LIBRARY_PATH} \
+    PATH=/opt/amazon/efa/bin:${PATH} \
+    NCCL_NET_PLUGIN=ofi
 
 # Pin what the base ships (torch is a CUDA build matched to its NCCL; numpy is what its packages were
 # built against), so installing NVRx fails loudly instead of silently replacing them from PyPI.

@@ -126,6 +126,9 @@ def test_nvrx_0_7_and_efa_with_aws_ofi_nccl() -> None:
     text = DOCKERFILE.read_text()
     assert "--skip-kmod" in text
     assert "libnccl-net" in text  # the build checks aws-ofi-nccl is there
+    envs = " ".join(rest for word, rest in instructions() if word == "ENV")
+    assert "NCCL_NET_PLUGIN=ofi" in envs
+    assert "/opt/amazon/ofi-nccl/lib" in envs
 
 
 @pytest.mark.parametrize("path", ["Dockerfile", "pyproject.toml", "README.md"])
