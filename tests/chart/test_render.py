@@ -15,10 +15,13 @@ K8S_VERSION = "1.35.0"
 CRD_KINDS = {"JobSet"}
 
 LOCAL_CPU = yaml.safe_load((CHART / "examples" / "local-cpu.yaml").read_text())
+# The local demo's values (tools/demo-values.yaml, the lead's): the chart must keep accepting them.
+DEMO = yaml.safe_load((CHART.parent / "tools" / "demo-values.yaml").read_text())
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "local-cpu-example": LOCAL_CPU,
+    "demo": DEMO,
     "p5": {"instanceType": "p5.48xlarge"},
     "p5e": {"instanceType": "p5e.48xlarge"},
     "p5en": {"instanceType": "p5en.48xlarge"},
