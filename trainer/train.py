@@ -289,9 +289,10 @@ def _hash_into(digest: Any, value: Any) -> None:
         for item in value:
             _hash_into(digest, item)
     elif isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous().reshape(-1)  # 0-d tensors cannot be viewed as bytes
+        t = value.detach().cpu().contiguous()
         digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # reshape(-1): 0-d tensors cannot be viewed as bytes
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     else:
         digest.update(repr(value).encode())
 
@@ -318,7 +319,7 @@ class Trainer:
 
         self.heartbeat = Heartbeat.from_env()
         self.store: dist.Store | None = None
-        self.final_sha256: str | None = None
+        self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
         self.last_step = -1
 
     def base_store(self) -> dist.Store:
@@ -340,6 +341,10 @@ class Trainer:
         """One attempt: build, restore, train to the end; tears everything down before an exception leaves."""
         iteration = int(call_wrapper.iteration) if call_wrapper is not None else 0
         self.events.iteration = iteration
+        if iteration > 0:
+            t_caught, reason = self.caught or (time.time(), "restarted by the in-process Wrapper")
+            self.events.emit("fault_detected", tier=1, reason=reason, t_caught=t_caught)
+            self.caught = None
         self.events.emit("run_start", world_size=self.proc.world_size, config=self.cfg.to_dict())
         session = Session()
         try:
@@ -371,8 +376,9 @@ class Trainer:
             session.teardown()
             return digest
         except BaseException as exc:
-            if self.cfg.inprocess and not isinstance(exc, SystemExit | KeyboardInterrupt):
-                self.events.emit("fault_detected", tier=1, reason=_reason(exc))
+            # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
+            # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
+            self.caught = (time.time(), _reason(exc))
             # The traceback's finished frames hold the model (and so the process group): clear them
             # before the teardown, or gloo keeps its sockets and the peers stay blocked until the
             # collective timeout.

@@ -124,7 +124,7 @@ def test_exception_recovers_in_process_with_the_same_pids(tmp_path: Path, token_
         assert len({e["pid"] for e in starts}) == 1, "the process was replaced: not an in-process restart"
         assert {e["restart"] for e in starts} == {0}
         detected = of(evs, "fault_detected", rank=rank)
-        assert [(d["tier"], d["iteration"]) for d in detected] == [(1, 0)]
+        assert [(d["tier"], d["iteration"]) for d in detected] == [(1, 1)]  # emitted as iteration 1 starts
         # The new iteration reloaded the newest checkpoint before step 5: the one of step 2.
         assert [r["step"] for r in of(evs, "restore", rank=rank, iteration=1)] == [2]
     assert "InjectedFault" in of(evs, "fault_detected", rank=1)[0]["reason"]
