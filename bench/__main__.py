@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,6 @@ PARTS = ("recovery", "ckpt_stall", "synth", "planner")
 
 def run_recovery(results: Path, quick: bool) -> None:
     cfg = recovery.RecoveryConfig()
-    if quick:
-        cfg = replace(cfg, steps=24, fault_step=12)
     names = list(recovery.QUICK) if quick else list(recovery.SCENARIOS)
     res = recovery.run(names, 1 if quick else 3, REPO / "out" / "bench" / "recovery", cfg)
     _write(results / "recovery.json", res)

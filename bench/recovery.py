@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,7 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,10 +88,10 @@ class RecoveryConfig:
     preset: str = "tiny"
     seq_len: int = 64
     micro_batch_size: int = 4
-    steps: int = 30
-    fault_step: int = 17
-    ckpt_interval: int = 5
-    ckpt_mode: str | None = None
+    steps: int = 14
+    fault_step: int = 8
+    ckpt_interval: int = 3
+    ckpt_mode: str | None = "torch-async"
     """None: the trainer's default mode."""
     tokens: int = 200_000
     collective_timeout: float = 4.0
@@ -263,7 +265,11 @@ def measure(
         # Nobody survives to report it: the job "knows" when its pod has failed.
         t_detect: float | None = float(exits[0]["t"])
     else:
-        t_detect = float(detected["t"]) if detected is not None else None
+        # The launcher notices a dead or failed worker before any survivor is told (and a worker that
+        # raised on its own writes no fault_detected), so take whichever came first.
+        seen = [float(detected["t"])] if detected is not None else []
+        seen += [t for t in launcher_failures(out_dir.parent) if t > tf]
+        t_detect = min(seen) if seen else None
     start = next((e for e in after if e["ev"] == "run_start" and int(e["rank"]) == 0), None)
     restore = next((e for e in after if e["ev"] == "restore" and int(e["rank"]) == 0), None)
     first = next((e for e in after if e["ev"] == "step" and int(e["rank"]) == 0), None)
@@ -291,6 +297,23 @@ def measure(
             "first_step": float(first["t_start"]) - t_rest,
         }
     return rec
+
+
+LAUNCHER_FAILURE = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[\w+\] \[ft_launcher[^\]]*\] "
+    r".*(failed \(exitcode|UNHEALTHY|[Hh]eartbeat|hung)"
+)
+
+
+def launcher_failures(run_dir: Path) -> list[float]:
+    """Unix times at which ft_launcher logged a worker failure (its log stamps local time, ms)."""
+    times = []
+    for log in sorted(run_dir.glob("pod*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            m = LAUNCHER_FAILURE.match(line)
+            if m:
+                times.append(dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
+    return times
 
 
 def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -367,8 +390,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = args.scenario or (list(QUICK) if args.quick else list(SCENARIOS))
     reps = 1 if args.quick else args.reps
     cfg = RecoveryConfig()
-    if args.quick:
-        cfg = replace(cfg, steps=24, fault_step=12)
     result = run(names, reps, args.work, cfg)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
