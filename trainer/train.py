@@ -395,6 +395,10 @@ def _reason(exc: BaseException) -> str:
 def main(cfg: TrainConfig) -> int:
     """Run the whole training of this process; returns the exit status."""
     trainer = Trainer(cfg)
+    # Everything imported so far (torch, NVRx: ~10^6 objects) lives as long as the process. Freezing it
+    # takes it out of every later collection, and a teardown's gc.collect() (which is what lets gloo
+    # close its sockets, and which the Wrapper repeats between iterations) gets several times cheaper.
+    gc.freeze()
     from trainer.resilience.termination import install_termination_handler
 
     def on_terminate(signum: int) -> None:
