@@ -117,7 +117,7 @@ class FaultInjector:
         rank: int,
         node: int,
         marker_dir: Path,
-        emit: Callable[[str, int], None],
+        emit: Callable[[str, int], object],
     ) -> None:
         self.rank, self.node = rank, node
         self.marker_dir = marker_dir

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
+from nvidia_resiliency_ext.inprocess import CallWrapper
 from nvidia_resiliency_ext.inprocess.abort import Abort
 from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 from nvidia_resiliency_ext.inprocess.health_check import CudaHealthCheck, FaultCounter, HealthCheck
@@ -45,7 +46,6 @@ from nvidia_resiliency_ext.inprocess.store import TCPStore
 
 from trainer.resilience.timeouts import Ports, Timeouts
 
-CallWrapper = inprocess.CallWrapper
 log = logging.getLogger(__name__)
 
 MAX_INPROCESS_RESTARTS = 16
@@ -165,7 +165,7 @@ def run_inprocess(fn: Callable[[Any], Any], timeouts: Timeouts, ports: Ports) ->
     group, model and optimizer afresh on every call and tear them down before an exception leaves it.
     """
 
-    def entry(call_wrapper: CallWrapper = None):  # type: ignore[assignment]
+    def entry(call_wrapper: CallWrapper = None):  # the Wrapper fills it in by this annotation
         return fn(call_wrapper)
 
     return make_wrapper(timeouts, ports)(entry)()
