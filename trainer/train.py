@@ -348,9 +348,11 @@ class Trainer:
         self.events.emit("run_start", world_size=self.proc.world_size, config=self.cfg.to_dict())
         session = Session()
         try:
-            # Fresh keys per launcher restart and per in-process iteration: stale keys would pair new
-            # ranks with a dead incarnation's.
-            prefix = f"pg/r{self.proc.restart}/i{iteration}"
+            # Fresh keys per in-process iteration: stale keys would pair new ranks with a dead
+            # incarnation's. A launcher restart needs no key of its own: rank 0's new process hosts a
+            # new, empty store. Nor may it have one: TORCHELASTIC_RESTART_COUNT is per agent, and a
+            # replaced pod's agent starts again at 0 while the surviving pods count on.
+            prefix = f"pg/i{iteration}"
             session.open(
                 self.cfg,
                 self.proc,
