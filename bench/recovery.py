@@ -264,12 +264,13 @@ def measure(
     if sc.job_restarts and len(exits) > 1:
         # Nobody survives to report it: the job "knows" when its pod has failed.
         t_detect: float | None = float(exits[0]["t"])
+        rec["detected_by"] = f"pod exit {exits[0]['rc']}"
     else:
         # The launcher notices a dead or failed worker before any survivor is told (and a worker that
         # raised on its own writes no fault_detected), so take whichever came first.
-        seen = [float(detected["t"])] if detected is not None else []
-        seen += [t for t in launcher_failures(out_dir.parent) if t > tf]
-        t_detect = min(seen) if seen else None
+        seen = [(float(detected["t"]), f"tier {detected['tier']}: {detected['reason']}")] if detected else []
+        seen += [(t, f"ft_launcher: {text}") for t, text in launcher_failures(out_dir.parent) if t > tf]
+        t_detect, rec["detected_by"] = min(seen) if seen else (None, None)
     start = next((e for e in after if e["ev"] == "run_start" and int(e["rank"]) == 0), None)
     restore = next((e for e in after if e["ev"] == "restore" and int(e["rank"]) == 0), None)
     first = next((e for e in after if e["ev"] == "step" and int(e["rank"]) == 0), None)
@@ -305,15 +306,16 @@ LAUNCHER_FAILURE = re.compile(
 )
 
 
-def launcher_failures(run_dir: Path) -> list[float]:
-    """Unix times at which ft_launcher logged a worker failure (its log stamps local time, ms)."""
-    times = []
+def launcher_failures(run_dir: Path) -> list[tuple[float, str]]:
+    """(unix time, message) of each worker failure ft_launcher logged (it stamps local time, ms)."""
+    found = []
     for log in sorted(run_dir.glob("pod*.log")):
         for line in log.read_text(errors="replace").splitlines():
             m = LAUNCHER_FAILURE.match(line)
             if m:
-                times.append(dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp())
-    return times
+                t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                found.append((t, line[m.end(1) + 1 :].split("] ", 2)[-1][:160]))
+    return found
 
 
 def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,9 @@ def test_full_restart_scenario_recovers_and_is_measured(tmp_path):
     assert rec["ok"], rec
     # The first pod failed and a second one finished the run from the shared checkpoint.
     assert rec["rc"] == 0
-    assert rec["steps_recomputed"] == 1  # saved after step 5, fault at the start of step 7: step 6 redone
+    # Saved after steps 2 and 5, fault at the start of step 7: step 6 is redone, and steps 3-5 as well
+    # when the async save of step 5 had not committed yet (the node-local copy is gone on a full restart).
+    assert rec["steps_recomputed"] in (1, 4)
     assert 0 < rec["detection_s"] < rec["mttr_s"] < cfg.run_timeout_s
     assert rec["regain_s"] > rec["mttr_s"]
     assert set(rec["phases"]) == {"detect", "restart", "init", "load", "first_step"}
