@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,10 +10,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.conftest import REPO_ROOT as REPO
 from tests.conftest import free_port
+from tools.localpods import LocalJob, PodSpec
 from trainer.resilience.heartbeat import RANK_MONITOR_SOCKET_ENV, Heartbeat
 
 
@@ -171,3 +175,207 @@ def test_termination_handler_rejects_bad_timeout() -> None:
 
     with pytest.raises(ValueError, match="callback_timeout_s"):
         install_termination_handler(lambda s: None, callback_timeout_s=0)
+
+
+# ------------------------------------------------------------------ hard faults through ft_launcher
+# The pod command of Contract 2, run as LocalJob pods on 127.0.0.1. Timeouts are seconds, nested as
+# trainer/resilience/timeouts.py requires; the initial heartbeat timeout covers imports on a busy machine.
+STEPS = 12
+CKPT_INTERVAL = 3
+TIMEOUTS = {
+    "collective": 4.0,
+    "soft": 5.0,
+    "hard": 6.0,
+    "barrier": 7.0,
+    "heartbeat": 8.0,
+    "initial_heartbeat": 90.0,
+    "check_interval": 0.5,
+}
+JOB_TIMEOUT_S = 240.0
+
+
+def _ft_launcher() -> str:
+    return str(Path(sys.executable).with_name("ft_launcher"))
+
+
+def _pod_argv(port: int, nnodes: int, nproc: int, out: Path, data: Path, extra: list[str]) -> list[str]:
+    t = TIMEOUTS
+    return [
+        _ft_launcher(),
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=tier2-test",
+        "--max-restarts=3",
+        "--monitor-interval=0.5",
+        "--ft-restart-policy=any-failed",
+        f"--ft-rank-heartbeat-timeout={t['heartbeat']}",
+        f"--ft-initial-rank-heartbeat-timeout={t['initial_heartbeat']}",
+        f"--ft-workload-check-interval={t['check_interval']}",
+        "--workers-stop-timeout=5",
+        "--term-timeout=5",
+        "-m",
+        "trainer",
+        "--preset=tiny",
+        f"--data-path={data}",
+        "--seq-len=32",
+        "--micro-batch-size=2",
+        f"--steps={STEPS}",
+        f"--ckpt-interval={CKPT_INTERVAL}",
+        "--ckpt-keep=2",
+        "--ckpt-mode=sync",
+        f"--out-dir={out}",
+        "--device=cpu",
+        f"--collective-timeout={t['collective']}",
+        f"--inprocess-soft-timeout={t['soft']}",
+        f"--inprocess-hard-timeout={t['hard']}",
+        f"--inprocess-barrier-timeout={t['barrier']}",
+        f"--heartbeat-timeout={t['heartbeat']}",
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from trainer.data import write_synthetic_tokens
+    from trainer.model import PRESETS
+
+    path = tmp_path_factory.mktemp("data") / "tokens.npy"
+    return write_synthetic_tokens(path, 200_000, PRESETS["tiny"].vocab_size, seed=7)
+
+
+def _job(tmp_path: Path, data: Path, *, nnodes: int, nproc: int, extra: list[str], **kw: Any) -> LocalJob:
+    port = free_port()
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    specs = [
+        PodSpec(f"pod-{i}", _pod_argv(port, nnodes, nproc, out, data, extra), env, tmp_path / f"pod-{i}.log")
+        for i in range(nnodes)
+    ]
+    return LocalJob(specs, host_port=port, **kw)
+
+
+def _events(out: Path) -> list[dict[str, Any]]:
+    evs = []
+    for path in sorted(out.glob("events.rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                evs.append(json.loads(line))
+    return sorted(evs, key=lambda e: float(e["t"]))
+
+
+def _logs(tmp_path: Path, tail: int = 3000) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-tail:]}" for p in sorted(tmp_path.glob("pod-*.log")))
+
+
+def _assert_completed_once_more(out: Path, tmp_path: Path, restarted_ranks: set[int]) -> dict[str, Any]:
+    """The run finished every step; the given ranks ran in a new process that resumed from a checkpoint."""
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", _logs(tmp_path)
+    assert summary["final_step"] == STEPS - 1 and summary["steps"] == STEPS
+    evs = _events(out)
+    starts = [e for e in evs if e["ev"] == "run_start"]
+    for rank in restarted_ranks:
+        pids = {e["pid"] for e in starts if e["rank"] == rank}
+        assert len(pids) >= 2, f"rank {rank} was not restarted in a new process: {pids}"
+    # The restart resumed from a committed checkpoint, not from scratch.
+    resumed = [e for e in evs if e["ev"] == "restore" and e["rank"] == 0 and int(e["step"]) >= 0]
+    assert resumed, "no restore from a checkpoint after the fault"
+    commits = {int(e["step"]) for e in evs if e["ev"] == "ckpt_commit"}
+    assert int(resumed[0]["step"]) in commits
+    # Every step number was completed by rank 0, the last one in the final incarnation.
+    done = {int(e["step"]) for e in evs if e["ev"] == "step"}
+    assert done == set(range(STEPS))
+    ends = [e for e in evs if e["ev"] == "run_end" and e["status"] == "completed"]
+    assert {e["rank"] for e in ends} == {0, 1}
+    return summary
+
+
+@pytest.mark.slow
+def test_sigkilled_rank_is_restarted_by_ft_launcher(tmp_path: Path, token_file: Path) -> None:
+    with _job(
+        tmp_path, token_file, nnodes=1, nproc=2, extra=["--inprocess", "--fault=sigkill:step=7:rank=1"]
+    ) as job:
+        job.start()
+        result = job.wait(timeout_s=JOB_TIMEOUT_S)
+    assert result.succeeded, result.reason + _logs(tmp_path)
+    out = tmp_path / "run"
+    summary = _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
+    (fault,) = summary["faults"]
+    assert fault["type"] == "sigkill" and fault["rank"] == 1 and fault["step"] == 7
+    assert fault["recovered"] and fault["restored_step"] == 5  # saves after steps 2 and 5, not 7
+    # Tier 2 recovered it: the launcher stopped the survivor (its SIGTERM handler reported tier 2; its
+    # Wrapper may have seen the dead peer first and reported tier 1) and restarted both workers.
+    evs = _events(out)
+    t_fault = float(fault["t"])
+    detected = [e for e in evs if e["ev"] == "fault_detected" and float(e["t"]) >= t_fault]
+    assert any(e["rank"] == 0 and int(e["tier"]) == 2 for e in detected), detected
+    first = next(e for e in evs if e["ev"] == "step" and float(e["t_start"]) >= t_fault)
+    assert int(first["restart"]) == 1 and int(first["step"]) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("faults", "by_heartbeat"),
+    [
+        # Every rank stuck in Python: no collective is pending, so only the heartbeat can notice.
+        (["hang:step=7:rank=0", "hang:step=7:rank=1"], True),
+        # One rank frozen (SIGSTOP): its peer's collective times out first, then the launcher stops the
+        # workers; the frozen one needs SIGKILL (from its rank monitor or the launcher's stop timeout).
+        (["stop:step=7:rank=1"], False),
+    ],
+    ids=["hang-all-ranks", "stop-one-rank"],
+)
+def test_hung_ranks_are_detected_and_restarted(
+    tmp_path: Path, token_file: Path, faults: list[str], by_heartbeat: bool
+) -> None:
+    # Tier 1 off: this is about what tier 2 detects on its own.
+    extra = ["--no-inprocess", *(f"--fault={f}" for f in faults)]
+    with _job(tmp_path, token_file, nnodes=1, nproc=2, extra=extra) as job:
+        job.start()
+        result = job.wait(timeout_s=JOB_TIMEOUT_S)
+    assert result.succeeded, result.reason + _logs(tmp_path)
+    out = tmp_path / "run"
+    summary = _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
+    assert len(summary["faults"]) == len(faults)
+    assert all(f["recovered"] and f["tier"] == 2 and f["restored_step"] == 5 for f in summary["faults"])
+    evs = _events(out)
+    t_fault = min(float(f["t"]) for f in summary["faults"])
+    restarted = min(float(e["t"]) for e in evs if e["ev"] == "run_start" and int(e["restart"]) >= 1)
+    logs = _logs(tmp_path, tail=10**7)
+    if by_heartbeat:
+        assert "Did not get subsequent heartbeat" in logs
+        # Nothing else could have noticed before the heartbeat timeout.
+        assert restarted - t_fault >= TIMEOUTS["heartbeat"]
+    else:
+        assert restarted - t_fault >= TIMEOUTS["collective"]
+
+
+@pytest.mark.slow
+def test_lost_pod_is_replaced_and_training_resumes(tmp_path: Path, token_file: Path) -> None:
+    out = tmp_path / "run"
+    with _job(tmp_path, token_file, nnodes=2, nproc=1, extra=["--inprocess"]) as job:
+        job.start()
+        killed_at = None
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while killed_at is None and time.monotonic() < deadline:
+            assert job.poll() is None, _logs(tmp_path)
+            evs = _events(out) if out.exists() else []
+            if any(e["ev"] == "ckpt_commit" and int(e["step"]) >= 5 for e in evs) and any(
+                e["ev"] == "step" and int(e["step"]) >= 6 for e in evs
+            ):
+                old = job.pod(1).processes()
+                killed = job.kill_pod(1)
+                killed_at = time.time()
+                assert old <= killed
+            time.sleep(0.1)
+        assert killed_at is not None, "the run never reached step 6"
+        result = job.wait(timeout_s=JOB_TIMEOUT_S)
+    assert result.succeeded, result.reason + _logs(tmp_path)
+    assert next(e.reason for e in result.exits if e.index == 1) == "disrupted"
+    assert result.attempts(1) == 2 and result.attempts(0) == 1  # pod 0 survived; its workers restarted
+    _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
+    evs = _events(out)
+    after = [e for e in evs if e["ev"] == "step" and float(e["t_start"]) > killed_at]
+    assert after and int(after[0]["restart"]) >= 1
