@@ -46,15 +46,20 @@ def run_recovery(results: Path, quick: bool) -> None:
         raise RuntimeError(f"recovery runs failed: {sorted(failed)} (see out/bench/recovery/*/pod*.log)")
 
 
-def run_module(module: str, results: Path, quick: bool, timeout_s: float) -> None:
-    """Run another engineer's bench as ``python -m <module> --out <json> [--quick]``."""
+def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) -> None:
+    """Run another engineer's bench as ``python -m <module> <args> --out <json>``."""
     if importlib.util.find_spec(module) is None:
         raise RuntimeError(f"{module} does not exist yet")
-    out = results / f"{module.rsplit('.', 1)[1]}.json"
-    cmd = [sys.executable, "-m", module, "--out", str(out), *(["--quick"] if quick else [])]
+    cmd = [sys.executable, "-m", module, *args, "--out", str(out)]
+    print(" ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True, cwd=REPO, timeout=timeout_s)
     if not out.is_file():
         raise RuntimeError(f"{module} exited 0 but wrote no {out}")
+
+
+# The other engineers' benches and their arguments (full, quick).
+SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
+CKPT_ARGS: tuple[list[str], list[str]] = ([], ["--quick"])
 
 
 MC_CASES = (
@@ -155,8 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     jobs: dict[str, Callable[[], None]] = {
         "recovery": lambda: run_recovery(args.results, args.quick),
-        "ckpt_stall": lambda: run_module("bench.ckpt_stall", args.results, args.quick, 900),
-        "synth": lambda: run_module("bench.synth", args.results, args.quick, 900),
+        "ckpt_stall": lambda: run_module(
+            "bench.ckpt_stall", args.results / "ckpt_stall.json", CKPT_ARGS[args.quick], 900
+        ),
+        "synth": lambda: run_module("bench.synth", args.results / "synth.json", SYNTH_ARGS[args.quick], 900),
         "planner": lambda: run_planner(args.results, args.quick),
     }
     args.results.mkdir(parents=True, exist_ok=True)

@@ -164,6 +164,56 @@ def planner_section(res: dict[str, Any]) -> str:
     return "\n".join(text)
 
 
+# ----------------------------------------------------------------------------- synth (bench.synth)
+def synth_section(res: dict[str, Any]) -> str:
+    """Markdown for bench.synth's ``{"synth": [per team count]}``."""
+    rows = [
+        [
+            r["teams"],
+            r.get("templates", r["teams"]),
+            fmt_spread(_as_spread(r["wall_s"], r.get("repeats"))),
+            fmt_spread(_as_spread(r["tree_peak_rss_mib"], r.get("repeats")), "MiB", 0),
+            fmt_spread(_as_spread(r["max_process_rss_mib"], r.get("repeats")), "MiB", 0),
+            f"{r['cdk_out_mib']:.0f} MiB",
+        ]
+        for r in res["synth"]
+    ]
+    via = res["synth"][0].get("via", "cli") if res["synth"] else "cli"
+    header = ["teams", "stacks", "wall", "peak RSS (process tree)", "largest process", "cdk.out"]
+    return "\n".join(
+        [
+            "### Synth scaling",
+            f"`cdk synth` ({via}) of N generated teams, one stack each, fresh folder; median (min-max).",
+            "",
+            md_table(header, rows),
+            "",
+        ]
+    )
+
+
+def synth_plot(res: dict[str, Any], png: Path) -> Path | None:
+    """Wall time and peak memory against the number of teams."""
+    rows = res.get("synth") or []
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
+    teams = [r["teams"] for r in rows]
+    ax.plot(teams, [r["wall_s"]["median"] for r in rows], marker="o", color="#0072b2")
+    ax.set_xlabel("teams (stacks)")
+    ax.set_ylabel("synth wall time (s)", color="#0072b2")
+    ax2 = ax.twinx()
+    ax2.plot(teams, [r["tree_peak_rss_mib"]["median"] for r in rows], marker="s", color="#d55e00")
+    ax2.set_ylabel("peak RSS (MiB)", color="#d55e00")
+    ax.set_title("cdk synth scaling")
+    ax.grid(True, alpha=0.3)
+    return _save(fig, png)
+
+
+def _as_spread(s: dict[str, Any], n: int | None) -> dict[str, Any]:
+    return {"median": s["median"], "min": s["min"], "max": s["max"], "n": n or len(s.get("runs", [1]))}
+
+
 # ----------------------------------------------------------------------------- other engineers' benches
 def rows_section(title: str, res: dict[str, Any]) -> str:
     """Markdown for a result that carries ``rows`` (a list of flat dicts) and optional ``note``."""
@@ -203,12 +253,14 @@ def build(results: Path) -> str:
         parts.append(recovery_section(rec))
         if recovery_plot(rec, results / "recovery.png"):
             parts += ["![recovery](bench/results/recovery.png)", ""]
-    for name, title in (("ckpt_stall", "Checkpoint stall"), ("synth", "Synth scaling")):
-        res = _load(results / f"{name}.json")
-        if res:
-            parts.append(rows_section(title, res))
-            for png in res.get("plots") or []:
-                parts += [f"![{name}]({png})", ""]
+    stall = _load(results / "ckpt_stall.json")
+    if stall:
+        parts.append(rows_section("Checkpoint stall", stall))
+    synth = _load(results / "synth.json")
+    if synth:
+        parts.append(synth_section(synth))
+        if synth_plot(synth, results / "synth.png"):
+            parts += ["![synth](bench/results/synth.png)", ""]
     plan = _load(results / "planner.json")
     if plan:
         parts.append(planner_section(plan))

@@ -146,13 +146,24 @@ def test_report_builds_tables_and_plots_from_results(tmp_path):
         },
     }
     (results / "recovery.json").write_text(json.dumps(rec))
-    (results / "synth.json").write_text(json.dumps({"rows": [{"teams": 5, "wall_s": 4.5, "peak_mib": 900}]}))
+    stat = {"median": 4.5, "min": 4.0, "max": 5.0, "runs": [4.0, 4.5, 5.0]}
+    synth = {
+        "teams": 5,
+        "repeats": 3,
+        "via": "cli",
+        "wall_s": stat,
+        "tree_peak_rss_mib": stat,
+        "max_process_rss_mib": stat,
+        "cdk_out_mib": 57.2,
+    }
+    (results / "synth.json").write_text(json.dumps({"synth": [synth]}))
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{report.START}\n{report.END}\n")
     body = report.write(results, readme)
     assert "| `exception/tier1` | 3/3 | 2.00 s (1.50-3.00) | 2.00 s (1.50-3.00) | - |" in body
     assert "| `hang/tier2` | 2/3 |" in body
-    assert "| 5 | 4.5 | 900 |" in body
+    assert "| 5 | 5 | 4.50 s (4.00-5.00) | 4 MiB (4-5) | 4 MiB (4-5) | 57 MiB |" in body
+    assert (results / "synth.png").is_file()
     assert (results / "recovery.png").stat().st_size > 5_000
     assert body in readme.read_text()
     assert "](recovery.png)" in (results / "RESULTS.md").read_text()
