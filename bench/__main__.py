@@ -8,8 +8,8 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
 - ckpt_stall  ``python -m bench.ckpt_stall --out <json> [--quick]`` (the checkpoint engineer's bench)
 - synth       ``python -m bench.synth --out <json> [--quick]`` (the infra engineer's bench)
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
-              with the MTTRs measured by the recovery part, and the demo run's prediction if
-              out/demo/summary.json exists
+              with the MTTRs measured by the recovery part, and the prediction of the last
+              `make demo` run (the summary.json named in out/demo/report.json), if there is one
 
 Then bench.report writes ``<results>/RESULTS.md`` and the README section between the bench markers.
 """
@@ -62,7 +62,7 @@ SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "
 CKPT_ARGS: tuple[list[str], list[str]] = ([], ["--quick"])
 
 
-MC_CASES = (
+MC_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("Llama 3 rate, 16k GPUs, default tiers", {}),
     ("10x the rate, 16k GPUs", {"rate_per_gpu_hour": 10 * planner.PROFILES["llama3-405b"][0]}),
     ("1k GPUs, checkpoint-restart only", {"nodes": 128, "tiers": (planner.Tier("job-restart", 1.0, 900.0),)}),
@@ -102,13 +102,29 @@ def run_planner(results: Path, quick: bool) -> None:
     measured = _measured_plan(results, plan)
     if measured:
         out["measured"] = measured
-    demo = REPO / "out" / "demo" / "summary.json"
-    if demo.is_file():
+    demo = _demo_summary()
+    if demo is not None:
         try:
-            out["demo"] = {"path": str(demo.relative_to(REPO))} | planner.predict_from_summary(demo)
+            out["demo"] = {"path": _rel(demo)} | planner.predict_from_summary(demo)
         except (planner.PlanError, KeyError, ValueError) as err:
             out["demo_error"] = str(err)
     _write(results / "planner.json", out)
+
+
+def _demo_summary() -> Path | None:
+    """The summary.json of the last `make demo` run (tools/demo.py names it in out/demo/report.json)."""
+    report_json = REPO / "out" / "demo" / "report.json"
+    if not report_json.is_file():
+        return None
+    path = Path(json.loads(report_json.read_text()).get("summary", ""))
+    return path if path.is_file() else None
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def _plan_of(result: dict[str, Any]) -> planner.Plan:
