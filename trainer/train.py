@@ -167,24 +167,15 @@ class Session:
                 except Exception as exc:  # a failed background write must not block recovery
                     log.warning("checkpoint manager close failed during teardown: %s", exc)
             t1 = time.perf_counter()
-            if self.mesh is not None:
-                from trainer.resilience.inprocess import release_mesh_groups
+            from trainer.resilience.inprocess import destroy_all_process_groups, release_mesh_groups
 
+            if self.mesh is not None:
                 release_mesh_groups(self.mesh)
             self.model = self.optim = self.ckpt = self.trainer = self.mesh = None
-            if dist.is_available() and dist.is_initialized():
-                try:
-                    dist.destroy_process_group()
-                except Exception as exc:
-                    log.debug("destroy_process_group: %s", exc)
-            t2 = time.perf_counter()
-            gc.collect()  # FSDP hooks form reference cycles: the group dies only when they are collected
-            log.info(
-                "teardown: ckpt close %.3f s, destroy %.3f s, gc %.3f s",
-                t1 - t0,
-                t2 - t1,
-                time.perf_counter() - t2,
-            )
+            # The collection in there matters: FSDP hooks form reference cycles, and the group (with
+            # its sockets) dies only when they are collected.
+            destroy_all_process_groups(collect=True)
+            log.info("teardown: ckpt close %.3f s, groups %.3f s", t1 - t0, time.perf_counter() - t1)
 
 
 def _train_steps(
