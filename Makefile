@@ -7,12 +7,13 @@ PY          := $(VENV)/bin/python
 HELM        := .tools/bin/helm
 CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
+NAMESPACE   ?= ml-research
 PYTEST_ARGS ?=
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup synth test test-fast lint demo bench smoke-render clean
+.PHONY: help setup synth test test-fast lint demo bench smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -51,6 +52,14 @@ demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-
 
 bench: setup ## Benchmarks: recovery, checkpoint stall, synth scaling (~20 min); results in bench/results/
 	$(PY) -m bench
+
+smoke-render: setup ## Render the cluster smoke release's manifests (no cluster needed) to out/smoke/manifests.yaml
+	@mkdir -p out/smoke
+	$(PY) -m tools.cluster_smoke --render-only > out/smoke/manifests.yaml
+	@echo "wrote out/smoke/manifests.yaml"
+
+cluster-smoke: setup ## Faulted smoke run on a deployed environment (kubeconfig set): make cluster-smoke NAMESPACE=<team>
+	$(PY) -m tools.cluster_smoke --namespace $(NAMESPACE)
 
 clean: ## Remove build outputs (keeps .venv, node_modules, .tools)
 	rm -rf cdk.out out
