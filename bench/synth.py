@@ -2,10 +2,11 @@
 
     python -m bench.synth --teams 1 5 20 --repeats 3 [--via cli|python] [--out results.json]
 
-Each run synthesizes into a fresh temporary folder. Memory is the peak of the summed RSS of the whole
-process tree (cdk CLI -> python app.py -> jsii's node), sampled every 50 ms; the largest single process's
-peak (from wait4) is reported too. Medians over the repeats, with min and max: on a shared machine the
-spread matters as much as the median.
+Each run synthesizes into a fresh temporary folder. CPU time (user + system of the process tree) is
+reported next to wall time because it barely moves with the machine's load. Memory is the peak of the
+summed RSS of the whole process tree (cdk CLI -> python app.py -> jsii's node), sampled every 50 ms; the
+largest single process's peak (from wait4) is reported too. Medians over the repeats, with min and max:
+on a shared machine the spread matters as much as the median.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def _command(via: str, teams_file: Path, outdir: Path) -> tuple[list[str], dict[
 
 
 def synth_once(teams_file: Path, outdir: Path, via: str = "cli") -> dict[str, float]:
-    """One synth into `outdir`: wall seconds, peak tree RSS and largest process RSS (MiB), cdk.out MiB."""
+    """One synth into `outdir`: wall and CPU seconds, peak tree and largest-process RSS, cdk.out (MiB)."""
     cmd, env = _command(via, teams_file, outdir)
     peak = 0
     start = time.perf_counter()
@@ -128,6 +129,8 @@ def synth_once(teams_file: Path, outdir: Path, via: str = "cli") -> dict[str, fl
         raise RuntimeError(f"synth failed ({proc.returncode}): {stderr.decode(errors='replace')[-2000:]}")
     return {
         "wall_s": wall,
+        # CPU seconds of the tree (descendants the CLI waited for): far less load-sensitive than wall time.
+        "cpu_s": usage.ru_utime + usage.ru_stime,
         "tree_peak_rss_mib": peak / 2**20,
         "max_process_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux
         "cdk_out_mib": _dir_bytes(outdir) / 2**20,
@@ -162,6 +165,7 @@ def measure_synth(n_teams: int, repeats: int = 3, via: str = "cli") -> dict[str,
         "repeats": repeats,
         "via": via,
         "wall_s": _stats([r["wall_s"] for r in runs]),
+        "cpu_s": _stats([r["cpu_s"] for r in runs]),
         "tree_peak_rss_mib": _stats([r["tree_peak_rss_mib"] for r in runs]),
         "max_process_rss_mib": _stats([r["max_process_rss_mib"] for r in runs]),
         "cdk_out_mib": round(statistics.median(r["cdk_out_mib"] for r in runs), 1),

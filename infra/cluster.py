@@ -3,6 +3,8 @@ private endpoint by default, access entries for the team admins, and the system 
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
@@ -91,7 +93,7 @@ class Cluster(Construct):
         self.pod_identity_agent = eks.Addon(
             self,
             "PodIdentityAgent",
-            cluster=self.cluster,
+            cluster=cast(eks.ICluster, self.cluster),  # jsii stubs: Cluster lacks an ICluster member
             addon_name="eks-pod-identity-agent",
             preserve_on_delete=False,
         )

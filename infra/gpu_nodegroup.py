@@ -3,6 +3,8 @@ group, IMDSv2, EFA security group, GPU taint and label, NVMe RAID0, capacity tar
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import Fn
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
@@ -132,7 +134,7 @@ class GpuNodeGroup(Construct):
         self.node_monitoring_agent = eks.Addon(
             self,
             "NodeMonitoringAgent",
-            cluster=cluster,
+            cluster=cast(eks.ICluster, cluster),  # jsii stubs: Cluster lacks an ICluster member
             addon_name="eks-node-monitoring-agent",
             preserve_on_delete=False,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aws_cdk import Acknowledgment, CfnCondition, Stack, Validations
 from aws_cdk import aws_lambda as lambda_
-from constructs import Construct, IConstruct
+from constructs import IConstruct
 
 from infra.team_stack import TeamStack
 
@@ -45,7 +45,7 @@ def _ack(scope: IConstruct, findings: list[str], reason: str) -> None:
         Validations.of(scope).acknowledge(Acknowledgment(id=f"{_PREFIX}{finding}", reason=reason))
 
 
-def _kubectl_findings(stack: Stack, provider: Construct) -> list[str]:
+def _kubectl_findings(stack: Stack, provider: IConstruct) -> list[str]:
     handler = provider.node.find_child("Handler").node.default_child
     assert isinstance(handler, lambda_.CfnFunction)
     handler_id = stack.resolve(stack.get_logical_id(handler))
@@ -69,7 +69,7 @@ def _kubectl_findings(stack: Stack, provider: Construct) -> list[str]:
     ]
 
 
-def _ecr_public_condition_id(stack: Stack, provider: Construct) -> str:
+def _ecr_public_condition_id(stack: Stack, provider: IConstruct) -> str:
     """Logical id of the CfnCondition CDK adds to attach the ECR Public policy only where it exists."""
     for child in provider.node.find_all():
         if isinstance(child, CfnCondition) and child.node.id.startswith("HasEcrPublic"):
