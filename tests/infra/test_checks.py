@@ -121,3 +121,53 @@ def test_missing_chart_or_dockerfile_is_a_one_line_error(tmp_path: Path) -> None
     (tmp_path / "Chart.yaml").write_text("name: x\n")
     with pytest.raises(TeamsConfigError, match=r"^image_dir: .*/Dockerfile not found"):
         check_assets(teams, AppOptions(chart_dir=tmp_path, image_dir=tmp_path))
+
+
+HELM = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "helm"
+
+
+@pytest.mark.skipif(not HELM.exists(), reason="helm not installed (make setup)")
+@pytest.mark.parametrize("team", ["ml-research", "llm-platform", "vision"])
+def test_the_chart_renders_with_the_values_infra_sets(team: str, teams_data: dict, tmp_path: Path) -> None:
+    """Contract 1 end to end: the k8s/ chart accepts exactly what the trainer release passes."""
+    import yaml
+
+    from infra.trainer_release import trainer_values
+
+    config = {t.name: t for t in parse_teams(teams_data)}[team]
+    values = trainer_values(config, "111111111111.dkr.ecr.us-east-2.amazonaws.com/trainer", "0123abcd")
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    run = subprocess.run(
+        [
+            str(HELM),
+            "template",
+            "trainer",
+            str(Path(__file__).resolve().parents[2] / "k8s"),
+            "--namespace",
+            team,
+            "-f",
+            str(values_file),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    docs = [d for d in yaml.safe_load_all(run.stdout) if d]
+    pod_specs = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Job"]
+    assert pod_specs, [d["kind"] for d in docs]
+    spec = pod_specs[0]
+    assert spec["serviceAccountName"] == "trainer"
+    container = spec["containers"][0]
+    assert container["image"] == "111111111111.dkr.ecr.us-east-2.amazonaws.com/trainer:0123abcd"
+    limits = container["resources"]["limits"]
+    assert str(limits["vpc.amazonaws.com/efa"]) == str(values["efaPerNode"])
+    assert str(limits["nvidia.com/gpu"]) == "8"
+    claims = [
+        v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v
+    ]
+    assert claims == ["fsx-shared"]
+    host_paths = [v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v]
+    assert "/mnt/nvme" in host_paths or any(p.startswith("/mnt/nvme") for p in host_paths)
