@@ -6,7 +6,8 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
 
 - recovery    bench.recovery: tier 1 vs tier 2 vs full restart, hang detection (several repetitions)
 - ckpt_stall  ``python -m bench.ckpt_stall --out <json> [--quick]`` (the checkpoint engineer's bench)
-- synth       ``python -m bench.synth --out <json> [--quick]`` (the infra engineer's bench)
+- synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
+              engineer's bench; --quick: teams 1 and 5, one repeat)
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
               with the MTTRs measured by the recovery part, and the prediction of the last
               `make demo` run (the summary.json named in out/demo/report.json), if there is one
@@ -79,7 +80,7 @@ def run_planner(results: Path, quick: bool) -> None:
     for name, changes in MC_CASES:
         p = plan.with_(**changes)
         tau = planner.optimal_interval(p)
-        sim = simulate(p, tau, segments=100_000 if quick else 400_000, seed=1)
+        sim = simulate(p, tau, segments=400_000, seed=1)
         mc.append(
             {
                 "case": name,
@@ -147,7 +148,7 @@ def _measured_plan(results: Path, plan: planner.Plan) -> dict[str, Any] | None:
     return {
         "note": "median MTTRs of "
         + ", ".join(f"{k} = `{v}`" for k, v in planner.MEASURED_SOURCES.items())
-        + "; same shares, rate and stall as above",
+        + "; same shares, rate and stall",
         "gpus": p.gpus,
         "tiers": [t.__dict__ for t in tiers],
         "interval_s": tau,

@@ -325,14 +325,8 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         runs = [r for r in records if r["scenario"] == name]
         good = [r for r in runs if r.get("ok")]
         entry: dict[str, Any] = {"runs": len(runs), "ok": len(good)}
-        for key in (
-            "detection_s",
-            "resume_s",
-            "mttr_s",
-            "load_s",
-            "steps_recomputed",
-            "launch_to_first_step_s",
-        ):
+        keys = ("detection_s", "mttr_s", "resume_s", "regain_s", "load_s", "steps_recomputed")
+        for key in (*keys, "launch_to_first_step_s"):
             entry[key] = spread([r[key] for r in good if r.get(key) is not None])
         phases = [r["phases"] for r in good if r.get("phases")]
         if phases:

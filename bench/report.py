@@ -30,7 +30,8 @@ def fmt_spread(s: dict[str, float] | None, unit: str = "s", digits: int = 2) -> 
     if not s:
         return "-"
     med, lo, hi = (f"{float(s[k]):.{digits}f}" for k in ("median", "min", "max"))
-    return f"{med} {unit} ({lo}-{hi})" if s.get("n", 1) > 1 else f"{med} {unit}"
+    sep = " " if unit else ""
+    return f"{med}{sep}{unit} ({lo}-{hi})" if s.get("n", 1) > 1 else f"{med}{sep}{unit}"
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -87,23 +88,37 @@ def recovery_section(res: dict[str, Any]) -> str:
     return "\n".join(text)
 
 
+PHASE_COLOURS = {
+    "detect": "#d55e00",
+    "restart": "#e69f00",
+    "init": "#56b4e9",
+    "load": "#009e73",
+    "first_step": "#cc79a7",
+}
+
+
 def recovery_plot(res: dict[str, Any], png: Path) -> Path | None:
-    """Bar chart of resume time per scenario with min-max whiskers."""
-    items = [(n, s["mttr_s"]) for n, s in res["summary"].items() if s.get("mttr_s")]
+    """MTTR per scenario as stacked median phases, with the MTTR's min-max as whiskers."""
+    items = [(n, s) for n, s in res["summary"].items() if s.get("mttr_s")]
     if not items:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.0, 3.6))
-    meds = [float(s["median"]) for _, s in items]
-    err = [
-        [m - float(s["min"]) for m, (_, s) in zip(meds, items, strict=True)],
-        [float(s["max"]) - m for m, (_, s) in zip(meds, items, strict=True)],
-    ]
-    ax.barh([n for n, _ in items], meds, xerr=err, color="#0072b2", capsize=3)
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(items) + 1.6))
+    names = [n for n, _ in items]
+    left = [0.0] * len(items)
+    for phase, colour in PHASE_COLOURS.items():
+        widths = [float((s.get("phases") or {}).get(phase, 0.0)) for _, s in items]
+        ax.barh(names, widths, left=left, color=colour, label=phase)
+        left = [lo + w for lo, w in zip(left, widths, strict=True)]
+    meds = [float(s["mttr_s"]["median"]) for _, s in items]
+    lo = [m - float(s["mttr_s"]["min"]) for m, (_, s) in zip(meds, items, strict=True)]
+    hi = [float(s["mttr_s"]["max"]) - m for m, (_, s) in zip(meds, items, strict=True)]
+    ax.errorbar(meds, names, xerr=[lo, hi], fmt="|", color="black", capsize=3, label="MTTR min-max")
     ax.invert_yaxis()
-    ax.set_xlabel("fault -> first step after it (s), median and min-max")
-    ax.set_title("Recovery on CPU (2 ranks, gloo)")
+    ax.set_xlabel("fault -> first step after it (s): median phases")
+    ax.set_title(f"Recovery on CPU ({res['config']['nproc']} ranks, gloo), {res['reps']} run(s) each")
     ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
     return _save(fig, png)
 
 
@@ -147,8 +162,11 @@ def planner_section(res: dict[str, Any]) -> str:
     if res.get("measured"):
         m = res["measured"]
         text += [
-            f"With the MTTRs measured above ({m['note']}): {100 * m['efficiency']:.2f} % "
-            f"at {m['gpus']} GPUs.",
+            f"The same plan with the MTTRs measured above ({m['note']}: "
+            + ", ".join(f"{t['name']} {t['mttr_s']:.1f} s" for t in m["tiers"])
+            + f"): {100 * m['efficiency']:.2f} % at {m['gpus']} GPUs - what the tiers would give if a "
+            "cluster recovered as fast as this CPU pod (it does not: scheduling, node replacement and "
+            "NCCL/EFA start-up add minutes).",
             "",
         ]
     if res.get("demo"):
