@@ -190,6 +190,7 @@ def synth_section(res: dict[str, Any]) -> str:
             r["teams"],
             r.get("templates", r["teams"]),
             fmt_spread(_as_spread(r["wall_s"], r.get("repeats"))),
+            fmt_spread(_as_spread(r["cpu_s"], r.get("repeats"))) if r.get("cpu_s") else "-",
             fmt_spread(_as_spread(r["tree_peak_rss_mib"], r.get("repeats")), "MiB", 0),
             fmt_spread(_as_spread(r["max_process_rss_mib"], r.get("repeats")), "MiB", 0),
             f"{r['cdk_out_mib']:.0f} MiB",
@@ -197,7 +198,7 @@ def synth_section(res: dict[str, Any]) -> str:
         for r in res["synth"]
     ]
     via = res["synth"][0].get("via", "cli") if res["synth"] else "cli"
-    header = ["teams", "stacks", "wall", "peak RSS (process tree)", "largest process", "cdk.out"]
+    header = ["teams", "stacks", "wall", "CPU", "peak RSS (process tree)", "largest process", "cdk.out"]
     return "\n".join(
         [
             "### Synth scaling",
