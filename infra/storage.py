@@ -107,14 +107,9 @@ class SharedStorage(Construct):
         csi_role = iam.Role(
             self,
             "CsiRole",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
+            # EKS Pod Identity assumes the role with session tags (sts:AssumeRole + sts:TagSession).
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
             description="FSx CSI controller (EKS Pod Identity), static provisioning only",
-        )
-        assert csi_role.assume_role_policy is not None
-        csi_role.assume_role_policy.add_statements(
-            iam.PolicyStatement(
-                actions=["sts:TagSession"], principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")]
-            )
         )
         csi_role.add_to_policy(
             iam.PolicyStatement(
