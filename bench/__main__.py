@@ -103,6 +103,9 @@ def run_planner(results: Path, quick: bool) -> None:
     measured = _measured_plan(results, plan)
     if measured:
         out["measured"] = measured
+    runs = _predict_recovery_runs(results)
+    if runs:
+        out["recovery_runs"] = runs
     demo = _demo_summary()
     if demo is not None:
         try:
@@ -110,6 +113,32 @@ def run_planner(results: Path, quick: bool) -> None:
         except (planner.PlanError, KeyError, ValueError) as err:
             out["demo_error"] = str(err)
     _write(results / "planner.json", out)
+
+
+def _predict_recovery_runs(results: Path) -> list[dict[str, Any]]:
+    """The planner's prediction of every successful recovery run from its own measured parameters."""
+    path = results / "recovery.json"
+    if not path.is_file():
+        return []
+    out = []
+    for rec in json.loads(path.read_text())["runs"]:
+        summary = Path(rec.get("out_dir", "")) / "summary.json"
+        if not rec.get("ok") or not summary.is_file():
+            continue
+        try:
+            p = planner.predict_from_summary(summary)
+        except (planner.PlanError, KeyError, ValueError):
+            continue
+        out.append(
+            {
+                "scenario": rec["scenario"],
+                "rep": rec["rep"],
+                "measured": p["measured_efficiency"],
+                "predicted": p["predicted_efficiency"],
+                "difference_pp": p["difference_pp"],
+            }
+        )
+    return out
 
 
 def _demo_summary() -> Path | None:

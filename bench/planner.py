@@ -260,7 +260,10 @@ DEFAULT_SCALES = (8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384)
 
 # ----------------------------------------------------------------------------- validation on a run
 def plan_from_summary(
-    summary: dict[str, Any], interval_s: float | None = None, ckpt_interval_steps: int | None = None
+    summary: dict[str, Any],
+    interval_s: float | None = None,
+    ckpt_interval_steps: int | None = None,
+    fixed_s: float = 0.0,
 ) -> Plan:
     """The planner inputs measured in one run's ``summary.json`` (Contract 3, ``trainer.metrics``).
 
@@ -273,7 +276,8 @@ def plan_from_summary(
       recomputed steps - the model's ``recompute``, not part of the MTTR);
     - rollback ``checkpoint`` when that tier's faults restored a checkpoint or recomputed steps, else
       ``memory``;
-    - fault rate = recovered faults / running time (wall minus recovery).
+    - fault rate = recovered faults / running time (wall minus recovery minus ``fixed_s``, the
+      start-up and tail the model does not cover).
     """
     steps = _num(summary, "steps")
     wall = _num(summary, "wall_s")
@@ -297,7 +301,7 @@ def plan_from_summary(
         by_tier.setdefault(f"tier{f.get('tier')}", []).append((recovery_s, rolled_back))
     n = sum(len(v) for v in by_tier.values())
     recovery = sum(r for v in by_tier.values() for r, _ in v)
-    running = max(wall - recovery, productive)
+    running = max(wall - recovery - fixed_s, productive)
     if n == 0:
         tiers: tuple[Tier, ...] = (Tier("none", 1.0, 0.0, "checkpoint"),)
     else:
@@ -353,10 +357,10 @@ def predict_from_summary(
     summary = json.loads(path.read_text())
     extra = run_overheads(path.parent)
     steps_interval = ckpt_interval_steps or extra.get("ckpt_interval_steps")
-    plan = plan_from_summary(summary, interval_s, steps_interval)
+    fixed = float(extra.get("startup_s", 0.0)) + float(extra.get("tail_s", 0.0))
+    plan = plan_from_summary(summary, interval_s, steps_interval, fixed)
     out = evaluate(plan)
     productive = float(summary["productive_s"])
-    fixed = float(extra.get("startup_s", 0.0)) + float(extra.get("tail_s", 0.0))
     predicted = productive / (productive / out.efficiency + fixed) if out.efficiency > 0 else 0.0
     measured = summary.get("training_efficiency", summary.get("efficiency"))
     return {

@@ -356,6 +356,7 @@ def run(names: Sequence[str], reps: int, work: Path, cfg: RecoveryConfig, log: A
             t0 = time.monotonic()
             rec = run_once(cfg, SCENARIOS[name], run_dir, data)
             rec["rep"] = rep
+            rec["out_dir"] = str(run_dir / "out")
             records.append(rec)
             log(
                 f"recovery {name} rep {rep}: ok={rec.get('ok')} detect={_fmt(rec.get('detection_s'))} "

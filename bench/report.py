@@ -169,6 +169,31 @@ def planner_section(res: dict[str, Any]) -> str:
             "NCCL/EFA start-up add minutes).",
             "",
         ]
+    if res.get("recovery_runs"):
+        runs = res["recovery_runs"]
+        diffs = sorted(abs(float(r["difference_pp"])) for r in runs)
+        text += [
+            f"Validation on the {len(runs)} recovery runs above: the planner, fed each run's own measured "
+            "step time, stall, fault rate, tier and MTTR (plus its measured start-up and tail, which the "
+            "model does not cover), predicts its training efficiency within "
+            f"{diffs[len(diffs) // 2]:.1f} pp (median) and {diffs[-1]:.1f} pp (worst). These runs have one "
+            "fault each, so the recompute is one draw, not the model's average.",
+            "",
+            md_table(
+                ["scenario", "run", "measured", "predicted", "difference (pp)"],
+                [
+                    [
+                        f"`{r['scenario']}`",
+                        r["rep"],
+                        f"{100 * float(r['measured']):.1f} %",
+                        f"{100 * r['predicted']:.1f} %",
+                        f"{r['difference_pp']:+.1f}",
+                    ]
+                    for r in runs
+                ],
+            ),
+            "",
+        ]
     if res.get("demo"):
         demo = res["demo"]
         text += [

@@ -186,6 +186,8 @@ def test_predict_from_summary_adds_measured_fixed_costs(tmp_path):
     assert result["predicted_efficiency"] == pytest.approx(100.0 / (100.0 / model + 5.0))
     assert result["difference_pp"] == pytest.approx(100 * (result["predicted_efficiency"] - 0.8))
     assert result["plan"]["interval_s"] == pytest.approx(10.0)
+    # The fault rate is per second of running time: start-up, tail and recovery are not running.
+    assert result["plan"]["rate_per_gpu_hour"] == pytest.approx(3600 / (125.0 - 5.0 - 5.0))
     with pytest.raises(PlanError, match="wall_s"):
         planner.plan_from_summary({"steps": 1})
 
