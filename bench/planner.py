@@ -292,7 +292,7 @@ def plan_from_summary(
     stall_stats = (summary.get("ckpt") or {}).get("stall_s") or {}
     stall = float(stall_stats.get("mean") or 0.0)
     by_tier: dict[str, list[tuple[float, bool]]] = {}
-    for f in summary.get("faults") or []:
+    for f in incidents(summary.get("faults") or []):
         if f.get("mttr_s") is None:
             continue  # a fault the run never recovered from has no MTTR to plan with
         recomputed = int(f.get("steps_recomputed") or 0)
@@ -316,6 +316,24 @@ def plan_from_summary(
         )
     # One "node" of one GPU, so that the per-GPU rate is the run's own fault rate.
     return Plan(1, 1, n / running * 3600.0, tiers, stall, interval_s)
+
+
+def incidents(faults: Sequence[dict[str, Any]], window_s: float = 5.0) -> list[dict[str, Any]]:
+    """Merge fault reports that are one incident: a node loss makes every rank of the node report
+    the same fault at the same step. Reports of the same type and step within ``window_s`` of the
+    first become one, keeping the first (its MTTR runs from the earliest fault)."""
+    merged: list[dict[str, Any]] = []
+    for f in sorted(faults, key=lambda f: float(f.get("t") or 0.0)):
+        prev = merged[-1] if merged else None
+        if (
+            prev is not None
+            and prev.get("type") == f.get("type")
+            and prev.get("step") == f.get("step")
+            and abs(float(f.get("t") or 0.0) - float(prev.get("t") or 0.0)) <= window_s
+        ):
+            continue
+        merged.append(f)
+    return merged
 
 
 def run_overheads(out_dir: str | Path) -> dict[str, Any]:
@@ -369,7 +387,7 @@ def predict_from_summary(
         "measured_efficiency": measured,
         "difference_pp": None if measured is None else 100.0 * (predicted - float(measured)),
         "fixed_overheads_s": {k: extra[k] for k in ("startup_s", "tail_s") if k in extra},
-        "faults": len(summary.get("faults") or []),
+        "faults": len(incidents(summary.get("faults") or [])),
         "plan": _plan_dict(plan),
         "lost": out.lost(),
     }

@@ -237,3 +237,20 @@ def test_measured_mttrs_come_from_the_recovery_bench(tmp_path, capsys):
     assert planner.main(["--measured", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, 6.0, 12.0]
+
+
+def test_a_node_loss_reported_by_each_rank_is_one_incident():
+    faults = [
+        {"type": "exception", "step": 17, "t": 100.0, "tier": 1, "mttr_s": 11.0},
+        {"type": "node-loss", "step": 37, "t": 200.0, "tier": 2, "mttr_s": 31.0},
+        {"type": "node-loss", "step": 37, "t": 200.2, "tier": 2, "mttr_s": 30.8},
+        {"type": "node-loss", "step": 37, "t": 400.0, "tier": 2, "mttr_s": 20.0},  # a second, later loss
+    ]
+    merged = planner.incidents(faults)
+    assert [(f["type"], f["t"]) for f in merged] == [
+        ("exception", 100.0),
+        ("node-loss", 200.0),
+        ("node-loss", 400.0),
+    ]
+    plan = planner.plan_from_summary(_summary(faults), ckpt_interval_steps=10)
+    assert {t.name: round(t.share, 3) for t in plan.tiers} == {"tier1": 0.333, "tier2": 0.667}
