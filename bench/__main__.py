@@ -185,6 +185,10 @@ def _measured_plan(results: Path, plan: planner.Plan) -> dict[str, Any] | None:
     }
 
 
+def _load_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _write(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, default=str) + "\n")
@@ -227,12 +231,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             status[part] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
             print(f"bench {part} FAILED: {status[part]['error']}", flush=True)
         status[part]["seconds"] = round(time.monotonic() - t, 1)
+    # A run of some parts (--only) keeps the record of the others' last run.
+    old = _load_json(args.results / "meta.json") if len(parts) < len(PARTS) else {}
+    merged = {**(old.get("parts") or {}), **status}
     meta = {
         "command": "python -m bench" + (" --quick" if args.quick else ""),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
-        "total_s": time.monotonic() - t0,
-        "parts": status,
+        "total_s": sum(float(p.get("seconds", 0.0)) for p in merged.values()),
+        "wall_s": time.monotonic() - t0,
+        "parts": merged,
     }
     _write(args.results / "meta.json", meta)
     report.write(args.results, None if args.no_readme else REPO / "README.md")
