@@ -385,8 +385,23 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
+def _standalone_env() -> None:
+    """Without a launcher, run as rank 0 of 1 on free local ports (the Wrapper reads RANK/WORLD_SIZE)."""
+    if "RANK" in os.environ:
+        return
+    import socket
+
+    with socket.socket() as sock:  # a free base port; the trainer's stores take base+1 and base+2
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+
+
 def main(cfg: TrainConfig) -> int:
     """Run the whole training of this process; returns the exit status."""
+    _standalone_env()
     trainer = Trainer(cfg)
     # Everything imported so far (torch, NVRx: ~10^6 objects) lives as long as the process. Freezing it
     # takes it out of every later collection, and a teardown's gc.collect() (which is what lets gloo

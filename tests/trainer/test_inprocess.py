@@ -150,3 +150,20 @@ def test_hang_in_python_recovers_in_process(tmp_path: Path, token_file: Path) ->
     assert of(evs, "fault_detected", rank=1)[0]["reason"].startswith("RankShouldRestart")
     (fault,) = summary["faults"]
     assert (fault["type"], fault["tier"], fault["recovered"]) == ("hang", 1, True)
+
+
+@pytest.mark.slow
+def test_single_process_without_a_launcher_recovers_in_process(tmp_path: Path, token_file: Path) -> None:
+    # `python -m trainer` alone: rank 0 of 1 on free ports, the Wrapper still restarts it in-process.
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    env_less = [
+        k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k in os.environ
+    ]
+    assert not env_less, f"the test runner itself sets {env_less}"
+    argv = [sys.executable, *trainer_args(token_file, out, "--fault=exception:step=4", steps=6)]
+    assert run_job(argv, log) == 0, log_tail(log)
+    evs = read_events(out)
+    assert [e["iteration"] for e in of(evs, "run_start")] == [0, 1]
+    assert len({e["pid"] for e in evs}) == 1
+    assert [r["step"] for r in of(evs, "restore", iteration=1)] == [2]
+    assert of(evs, "run_end", status="completed", step=5)
