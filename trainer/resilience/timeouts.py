@@ -10,8 +10,15 @@ kills work that a fast tier would have saved. From inner to outer:
       < heartbeat_timeout       tier 2: ft_launcher declares a rank hung and restarts all workers
 
 `heartbeat_timeout` here must equal the launcher's `--ft-rank-heartbeat-timeout` (the chart renders both
-from one value). The launcher's `--ft-initial-rank-heartbeat-timeout` must also cover start-up (imports,
-process group, model build, checkpoint load); it is not checked here because the trainer never sees it.
+from one value).
+
+Lower bounds that no check here can know: the loop pings the Wrapper and beats the launcher heartbeat
+once per step, so `inprocess_soft_timeout` (and so every outer timeout) must exceed the longest step
+including the time a save blocks it (a whole write in `--ckpt-mode sync`, the first NVRx save that starts
+its worker), and `collective_timeout` must exceed the longest wait of a healthy rank for a slow one. A
+restore happens before the first ping of an iteration and is covered by the Wrapper's automatic
+progress timestamps, and for tier 2 by the launcher's `--ft-initial-rank-heartbeat-timeout`, which
+must cover start-up (imports, process group, model build, checkpoint load); the trainer never sees it.
 
 The Wrapper's internal intervals are derived here from these values, so the CLI exposes only the five
 above. The intervals are short because on CPU with gloo the Wrapper's polling is the main cost of a tier-1
