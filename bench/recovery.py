@@ -94,11 +94,13 @@ class RecoveryConfig:
     ckpt_mode: str | None = "torch-async"
     """None: the trainer's default mode."""
     tokens: int = 200_000
-    collective_timeout: float = 4.0
-    inprocess_soft_timeout: float = 6.0
-    inprocess_hard_timeout: float = 9.0
-    inprocess_barrier_timeout: float = 12.0
-    heartbeat_timeout: float = 15.0
+    # Short, so a hang costs seconds, yet above the longest wait of a healthy rank for a slow one on a
+    # loaded 2-core machine (4 s was seen to time out a checkpoint finalize with no fault at all).
+    collective_timeout: float = 8.0
+    inprocess_soft_timeout: float = 12.0
+    inprocess_hard_timeout: float = 16.0
+    inprocess_barrier_timeout: float = 20.0
+    heartbeat_timeout: float = 30.0
     initial_heartbeat_timeout: float = 120.0
     workload_check_interval: float = 1.0
     monitor_interval: float = 0.5
