@@ -1,0 +1,186 @@
+"""On-disk layout of checkpoints: names, manifest, checksums, commit by rename, retention.
+
+    <dir>/step_00000041/            a committed checkpoint: DCP shard files, .metadata, MANIFEST.json
+    <dir>/.tmp-step_00000049/       a save in progress (or the leftover of a crashed one): never loaded
+    <dir>/.trash-step_00000011/     a checkpoint being deleted by retention: never loaded
+
+A checkpoint becomes visible in one atomic step, the rename of its temporary directory to `step_<N>`,
+and only after every file in it (listed with size and CRC32 in MANIFEST.json) has been fsynced. A reader
+therefore never sees a half-written checkpoint; one damaged afterwards (bit rot, a truncated copy, the
+ckpt-corrupt fault) fails the manifest check and is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "MANIFEST.json"
+FORMAT_VERSION = 1
+_COMMITTED = re.compile(r"^step_(\d{8,})$")
+_CHUNK = 8 << 20
+
+
+def committed_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def temp_name(step: int) -> str:
+    return f".tmp-{committed_name(step)}"
+
+
+def crc32_file(path: Path) -> str:
+    """CRC32 of a file's bytes, as 8 hex digits (zlib's CRC32: fast, and enough to catch corruption)."""
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """{name: {"size", "crc32"}} for the given files of `directory`."""
+    return {
+        name: {"size": (directory / name).stat().st_size, "crc32": crc32_file(directory / name)}
+        for name in sorted(names)
+    }
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (creations, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_files(directory: Path, names: list[str]) -> None:
+    for name in names:
+        with open(directory / name, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def commit(tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
+    """Write the manifest into `tmp`, make it durable, and rename `tmp` to its committed name."""
+    manifest = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "created": time.time(),
+        "files": files,
+        "total_bytes": sum(int(f["size"]) for f in files.values()),
+        **extra,
+    }
+    part = tmp / (MANIFEST + ".part")
+    with open(part, "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    part.rename(tmp / MANIFEST)
+    fsync_dir(tmp)
+    final = tmp.parent / committed_name(step)
+    if final.exists():
+        # A checkpoint of the same step from an earlier incarnation (resumed before it, then redone):
+        # move it aside first; the new one has the same content by exact-resume determinism.
+        _discard(final)
+    tmp.rename(final)
+    fsync_dir(tmp.parent)
+    return final
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A committed checkpoint directory and what its manifest says (None when unreadable)."""
+
+    step: int
+    path: Path
+    manifest: dict[str, Any] | None
+    problem: str | None
+
+
+def scan(root: Path) -> tuple[list[Candidate], list[Path]]:
+    """Committed checkpoints, newest first, each pre-checked (manifest, presence, sizes), and temp dirs."""
+    if not root.is_dir():
+        return [], []
+    candidates, temps = [], []
+    for entry in root.iterdir():
+        if entry.name.startswith(".tmp-") and entry.is_dir():
+            temps.append(entry)
+            continue
+        match = _COMMITTED.match(entry.name)
+        if match and entry.is_dir():
+            manifest, problem = _precheck(entry, int(match.group(1)))
+            candidates.append(Candidate(int(match.group(1)), entry, manifest, problem))
+    candidates.sort(key=lambda c: c.step, reverse=True)
+    return candidates, sorted(temps)
+
+
+def _precheck(path: Path, step: int) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, "no manifest (incomplete checkpoint)"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable manifest: {exc}"
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+        return (
+            None,
+            f"unsupported manifest format {manifest.get('format') if isinstance(manifest, dict) else '?'}",
+        )
+    if manifest.get("step") != step:
+        return None, f"manifest step {manifest.get('step')} does not match directory {path.name}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or ".metadata" not in files:
+        return None, "manifest lists no DCP .metadata"
+    for name, entry in files.items():
+        try:
+            size = (path / name).stat().st_size
+        except FileNotFoundError:
+            return manifest, f"missing file {name}"
+        if size != entry.get("size"):
+            return manifest, f"size mismatch in {name}: {size} bytes, manifest says {entry.get('size')}"
+    return manifest, None
+
+
+def verify_checksums(path: Path, manifest: dict[str, Any], names: list[str]) -> str | None:
+    """None if the listed files match their manifest CRC32, else the first mismatch."""
+    for name in names:
+        expected = manifest["files"][name]["crc32"]
+        try:
+            actual = crc32_file(path / name)
+        except OSError as exc:
+            return f"cannot read {name}: {exc}"
+        if actual != expected:
+            return f"checksum mismatch in {name}: crc32 {actual}, manifest says {expected}"
+    return None
+
+
+def _discard(path: Path) -> None:
+    """Delete a directory so that it is never seen half-deleted under a loadable name."""
+    trash = path.parent / f".trash-{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+    path.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def discard(path: Path) -> None:
+    """Remove a temp or committed checkpoint directory (rename first, then delete)."""
+    if path.exists():
+        _discard(path)
+
+
+def apply_retention(root: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest committed checkpoints; returns what was deleted."""
+    candidates, _ = scan(root)
+    doomed = [c.path for c in candidates[keep:]]
+    for path in doomed:
+        discard(path)
+    for leftover in root.glob(".trash-*"):  # from a process killed while deleting
+        shutil.rmtree(leftover, ignore_errors=True)
+    return doomed

@@ -1,0 +1,337 @@
+"""CheckpointManager: save (async per mode), commit atomically, keep the latest k, resume with fallback.
+
+Collective contract: every rank calls save / maybe_finalize / wait / load_latest at the same points
+(the loop calls maybe_finalize after every step). The manager talks over its own gloo process group, so
+its collectives never interleave with the training group's (torch-async runs some in a thread), and a
+CPU group is what the NVRx and torch background paths need even when training uses NCCL.
+
+Life of one save (at most one is in flight; a new save first finishes the previous one):
+  1. save(): this rank's part of the write starts (see backends.py); the loop waits only for that.
+  2. maybe_finalize(): when this rank's write is finished, its shard files are fsynced and CRC32'd
+     (in a helper thread for the async modes). One small all_reduce per call tells every rank whether
+     all ranks are done, or whether any failed (then every rank raises CheckpointWriteError).
+  3. commit (all ranks): hooks.before_commit(step) runs on every rank, then rank 0 gathers the file
+     lists (and NVRx's write results, from which it writes the DCP .metadata), writes MANIFEST.json,
+     renames the directory to step_<N> (the moment it becomes visible), deletes beyond keep_latest,
+     and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the group's timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+
+from trainer.checkpoint import layout
+from trainer.checkpoint.backends import CheckpointWriteError, make_backend
+from trainer.checkpoint.config import CheckpointConfig
+from trainer.checkpoint.state import apply_loaded, build_load_dict, build_save_dict, tensor_bytes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckpointHooks:
+    """Callbacks into the checkpoint's life (fault injection uses them)."""
+
+    before_commit: Callable[[int], None] | None = None
+    """Called on every rank with the step, after that rank's shard files are durable, before the commit."""
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    blocked_s: float
+    """Seconds save() kept the caller waiting."""
+    bytes: int
+    """Bytes of tensor data this rank contributes to the checkpoint."""
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    step: int
+    """Step of the restored checkpoint; -1 when nothing was restored."""
+    path: str | None
+    load_s: float
+    skipped: list[SkippedCheckpoint] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    step: int
+    tmp: Path
+    token: Any
+    t0: float
+    files: Future[dict[str, Any]] | None = None
+
+
+class CheckpointManager:
+    """Atomic, reshardable DCP checkpoints of {"model", "optim", <Stateful>...} for one rank."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        *,
+        rank: int,
+        world_size: int,
+        process_group: dist.ProcessGroup | None = None,
+        hooks: CheckpointHooks | None = None,
+        events: Any = None,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("CheckpointManager needs an initialized default process group")
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.hooks = hooks or CheckpointHooks()
+        self.events = events
+        if cfg.local_dir is not None:
+            log.info("checkpoint local_dir %s is accepted but not used: one tier (dir) only", cfg.local_dir)
+        self._owns_pg = process_group is None
+        self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
+        )
+        self._backend = make_backend(cfg.mode, cfg.write_timeout_s)
+        self._pending: _Pending | None = None
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc")
+        if rank == 0:
+            cfg.dir.mkdir(parents=True, exist_ok=True)
+
+    # ----------------------------------------------------------------------------------------- policy
+    def should_save(self, step: int) -> bool:
+        """Save after step s (0-based) when (s + 1) is a multiple of interval_steps."""
+        return (step + 1) % self.cfg.interval_steps == 0
+
+    # ------------------------------------------------------------------------------------------- save
+    def save(self, step: int, state: dict[str, Any]) -> SaveResult:
+        """Start a checkpoint of `state` labelled `step`; returns how long the caller was blocked.
+
+        In sync mode the checkpoint is committed when this returns; otherwise maybe_finalize/wait commit
+        it. Raises CheckpointWriteError if this or the previous save failed.
+        """
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            self._finalize(blocking=True)
+        tmp = self.cfg.dir / layout.temp_name(step)
+        if self.rank == 0:
+            layout.discard(tmp)  # a leftover of an interrupted save of the same step
+            tmp.mkdir(parents=True)
+        dist.barrier(group=self._pg)  # nobody writes into tmp before it is fresh
+        sd = build_save_dict(state, self.rank)
+        nbytes = tensor_bytes(sd)
+        try:
+            token = self._backend.start(sd, tmp, self._group())
+        except CheckpointWriteError:
+            self._backend.abort()
+            raise
+        self._pending = _Pending(step, tmp, token, t0)
+        if self.cfg.mode == "sync":
+            self._finalize(blocking=True)
+        return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
+
+    def maybe_finalize(self, blocking: bool = False) -> list[int]:
+        """Commit the pending save if every rank finished writing; returns the committed steps."""
+        if self._pending is None:
+            return []
+        return self._finalize(blocking)
+
+    def wait(self) -> None:
+        """Finish and commit everything pending (bounded by write_timeout_s)."""
+        self.maybe_finalize(blocking=True)
+
+    # --------------------------------------------------------------------------------------- finalize
+    def _local_state(self, p: _Pending, blocking: bool) -> tuple[str, str | None]:
+        """("pending" | "ready" | "failed", reason) of this rank's part of the pending save."""
+        deadline = p.t0 + self.cfg.write_timeout_s
+        while True:
+            try:
+                if p.files is None and self._backend.done(p.token):
+                    p.files = self._hasher.submit(self._durable_files, p.tmp)
+                if p.files is not None and p.files.done():
+                    p.files.result()  # re-raises a hashing error
+                    return "ready", None
+            except Exception as exc:
+                return "failed", f"rank {self.rank}: {exc}"
+            if time.perf_counter() > deadline:
+                return "failed", f"rank {self.rank}: write not finished after {self.cfg.write_timeout_s} s"
+            if not blocking:
+                return "pending", None
+            time.sleep(0.005)
+
+    def _durable_files(self, tmp: Path) -> dict[str, Any]:
+        """fsync this rank's shard files (and the directory) and describe them for the manifest."""
+        names = sorted(p.name for p in tmp.glob(f"__{self.rank}_*") if p.is_file())
+        layout.fsync_files(tmp, names)
+        layout.fsync_dir(tmp)
+        return layout.describe_files(tmp, names)
+
+    def _finalize(self, blocking: bool) -> list[int]:
+        p = self._pending
+        assert p is not None
+        state, reason = self._local_state(p, blocking)
+        flags = torch.tensor([state == "pending", state == "failed"], dtype=torch.int64)
+        dist.all_reduce(flags, group=self._group())
+        if flags[1] > 0:
+            reasons = [None] * self.world_size
+            dist.all_gather_object(reasons, reason, group=self._group())
+            self._fail(p, "; ".join(r for r in reasons if r))
+        if flags[0] > 0:
+            return []
+        self._commit(p)
+        return [p.step]
+
+    def _fail(self, p: _Pending, reason: str) -> None:
+        self._pending = None
+        self._backend.abort()
+        if self.rank == 0:
+            layout.discard(p.tmp)
+        raise CheckpointWriteError(f"checkpoint of step {p.step} failed: {reason}")
+
+    def _commit(self, p: _Pending) -> None:
+        if self.hooks.before_commit is not None:
+            self.hooks.before_commit(p.step)
+        payload: dict[str, Any] = {
+            "files": p.files.result() if p.files else {},
+            "results": None,
+            "error": None,
+        }
+        if self._backend.defers_metadata:
+            try:
+                payload["results"] = self._backend.results(p.token)
+            except CheckpointWriteError as exc:
+                payload["error"] = f"rank {self.rank}: {exc}"
+        gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(payload, gathered, dst=self._global_rank0(), group=self._group())
+        outcome: list[Any] = [None]
+        if self.rank == 0:
+            assert gathered is not None
+            outcome[0] = self._write_commit(p, gathered)
+        dist.broadcast_object_list(outcome, src=self._global_rank0(), group=self._group())
+        self._pending = None
+        ok, detail = outcome[0]
+        if not ok:
+            self._backend.abort()
+            raise CheckpointWriteError(f"checkpoint of step {p.step} failed at commit: {detail}")
+
+    def _write_commit(self, p: _Pending, gathered: list[dict[str, Any]]) -> tuple[bool, str]:
+        """Rank 0: metadata (NVRx), manifest, rename, retention, event. Returns (ok, path or reason)."""
+        try:
+            errors = [g["error"] for g in gathered if g["error"]]
+            if errors:
+                raise CheckpointWriteError("; ".join(errors))
+            if self._backend.defers_metadata:
+                self._backend.finish(p.token, [g["results"] for g in gathered])
+            files: dict[str, Any] = {}
+            for g in gathered:
+                files.update(g["files"])
+            layout.fsync_files(p.tmp, [".metadata"])
+            files.update(layout.describe_files(p.tmp, [".metadata"]))
+            stray = sorted({q.name for q in p.tmp.iterdir()} - set(files))
+            if stray:
+                raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
+            final = layout.commit(
+                p.tmp, p.step, files, {"world_size": self.world_size, "mode": self.cfg.mode}
+            )
+            layout.apply_retention(self.cfg.dir, self.cfg.keep_latest)
+        except Exception as exc:
+            layout.discard(p.tmp)
+            return False, f"{type(exc).__name__}: {exc}"
+        if self.events is not None:
+            self.events.emit("ckpt_commit", step=p.step, path=str(final), total_s=time.perf_counter() - p.t0)
+        return True, str(final)
+
+    # ------------------------------------------------------------------------------------------- load
+    def load_latest(self, state: dict[str, Any]) -> RestoreResult:
+        """Load the newest valid checkpoint into `state` in place, skipping damaged ones with a reason."""
+        t0 = time.perf_counter()
+        if self._pending is not None:
+            self.wait()
+        listing: list[Any] = [None]
+        if self.rank == 0:
+            candidates, temps = layout.scan(self.cfg.dir)
+            for tmp in temps:  # never committed: garbage from an interrupted save
+                layout.discard(tmp)
+            listing[0] = (
+                [(c.step, str(c.path), c.manifest, c.problem) for c in candidates],
+                [str(t) for t in temps],
+            )
+        dist.broadcast_object_list(listing, src=self._global_rank0(), group=self._group())
+        candidates_info, temps = listing[0]
+        skipped = [SkippedCheckpoint(t, "incomplete: never committed (interrupted save)") for t in temps]
+        for step, path_str, manifest, problem in candidates_info:
+            path = Path(path_str)
+            reason = problem or self._verify(path, manifest) or self._try_load(path, state)
+            if reason is None:
+                return RestoreResult(step, path_str, time.perf_counter() - t0, skipped)
+            log.warning("skipping checkpoint %s: %s", path, reason)
+            skipped.append(SkippedCheckpoint(path_str, reason))
+        return RestoreResult(-1, None, time.perf_counter() - t0, skipped)
+
+    def _verify(self, path: Path, manifest: dict[str, Any]) -> str | None:
+        """Checksums, spread over ranks; every rank gets the same verdict."""
+        if not self.cfg.verify_checksums:
+            return None
+        names = sorted(manifest["files"])[self.rank :: self.world_size]
+        return self._agree(layout.verify_checksums(path, manifest, names))
+
+    def _try_load(self, path: Path, state: dict[str, Any]) -> str | None:
+        error = None
+        try:
+            keys = set(FileSystemReader(path).read_metadata().state_dict_metadata)
+            template = build_load_dict(state, self.rank, keys)
+            dcp.load(template, storage_reader=FileSystemReader(path), process_group=self._group())
+            apply_loaded(state, template, self.rank)
+        except Exception as exc:
+            error = f"load failed: {type(exc).__name__}: {str(exc).strip()[:500]}"
+        return self._agree(error)
+
+    def _agree(self, error: str | None) -> str | None:
+        """The first rank's error, on every rank (None when no rank had one)."""
+        errors: list[Any] = [None] * self.world_size
+        dist.all_gather_object(errors, error, group=self._group())
+        return next((e for e in errors if e), None)
+
+    def latest_committed_path(self) -> Path | None:
+        """The newest committed checkpoint directory (not verified), or None."""
+        candidates, _ = layout.scan(self.cfg.dir)
+        return candidates[0].path if candidates else None
+
+    # ------------------------------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Release workers and the group. A save still pending is abandoned (its temp dir is never loaded).
+
+        No collectives here: close runs in teardown after a fault, when peers may be gone.
+        """
+        if self._pending is not None:
+            self._pending = None
+            self._backend.abort()
+        self._backend.close(timeout_s=5.0)
+        self._hasher.shutdown(wait=False, cancel_futures=True)
+        if self._pg is not None and self._owns_pg:
+            try:
+                dist.destroy_process_group(self._pg)
+            except Exception as exc:  # the default group may be gone already
+                log.debug("destroying the checkpoint group: %s", exc)
+        self._pg = None
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def _group(self) -> dist.ProcessGroup:
+        if self._pg is None:
+            raise RuntimeError("CheckpointManager is closed")
+        return self._pg
+
+    def _global_rank0(self) -> int:
+        return dist.get_global_rank(self._group(), 0)

@@ -1,0 +1,147 @@
+"""What goes into a checkpoint, and back: the loop's state objects <-> a flat DCP state dict.
+
+The loop passes {"model": nn.Module, "optim": Optimizer | None, <name>: Stateful, ...}.
+
+- Model and optimizer go through torch.distributed.checkpoint.state_dict.get_/set_state_dict: for FSDP2
+  these are DTensor shards, saved in DCP's reshardable format (a 2-rank checkpoint loads on 1 rank).
+- Every other entry (the trainer's step, data cursor, RNG states) is *per rank*: DCP would deduplicate
+  identical keys across ranks and keep one rank's copy, so each rank saves it under "<name>@rank<R>".
+  At load, a rank whose own entry is missing (the world grew) takes rank 0's; the data cursor is built to
+  continue at the same global sample position in that case.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+MODEL, OPTIM = "model", "optim"
+
+
+def per_rank_key(name: str, rank: int) -> str:
+    return f"{name}@rank{rank}"
+
+
+def build_save_dict(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The flat dict handed to DCP for saving (references to live tensors, no copies)."""
+    model = state.get(MODEL)
+    if not isinstance(model, nn.Module):
+        raise TypeError("state['model'] must be the nn.Module to checkpoint")
+    optim = state.get(OPTIM)
+    out: dict[str, Any] = {}
+    if optim is not None:
+        out[MODEL], out[OPTIM] = get_state_dict(model, optim)
+    else:
+        out[MODEL], _ = get_state_dict(model, [])
+    for name, obj in state.items():
+        if name in (MODEL, OPTIM) or obj is None:
+            continue
+        out[per_rank_key(name, rank)] = obj.state_dict()
+    return out
+
+
+def build_load_dict(state: dict[str, Any], rank: int, saved_keys: set[str]) -> dict[str, Any]:
+    """A template for dcp.load: same structure as build_save_dict, per-rank entries mapped to what exists.
+
+    `saved_keys` are the flattened keys present in the checkpoint's metadata.
+    """
+    template = build_save_dict(state, rank)
+    for name, obj in state.items():
+        if name in (MODEL, OPTIM) or obj is None:
+            continue
+        own = per_rank_key(name, rank)
+        source = own if _has_prefix(saved_keys, own) else per_rank_key(name, 0)
+        if not _has_prefix(saved_keys, source):
+            raise KeyError(f"checkpoint holds no state for {name!r} (looked for {own} and {source})")
+        template[source] = template.pop(own)
+    return template
+
+
+def apply_loaded(state: dict[str, Any], loaded: dict[str, Any], rank: int) -> None:
+    """Push a dict filled by dcp.load back into the live objects."""
+    model, optim = state[MODEL], state.get(OPTIM)
+    if optim is not None:
+        set_state_dict(model, optim, model_state_dict=loaded[MODEL], optim_state_dict=loaded[OPTIM])
+    else:
+        set_state_dict(model, [], model_state_dict=loaded[MODEL], optim_state_dict={})
+    for name, obj in state.items():
+        if name in (MODEL, OPTIM) or obj is None:
+            continue
+        own, first = per_rank_key(name, rank), per_rank_key(name, 0)
+        obj.load_state_dict(loaded[own] if own in loaded else loaded[first])
+
+
+def _has_prefix(keys: set[str], prefix: str) -> bool:
+    return any(k == prefix or k.startswith(prefix + ".") for k in keys)
+
+
+def tensor_bytes(obj: Any) -> int:
+    """Bytes of this rank's tensor data in a (nested) state dict: local shards only for DTensors."""
+    if isinstance(obj, DTensor):
+        local = obj.to_local()
+        return local.numel() * local.element_size()
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+class Stager:
+    """Copies a state dict into CPU shared-memory buffers that are reused from save to save.
+
+    This copy is the only part of an async save the loop waits for: afterwards the live tensors may
+    change while a background worker writes the snapshot. Shared memory lets the NVRx worker process
+    read the snapshot without another copy. Buffers are reused while the structure is unchanged (the
+    manager never has two saves in flight, so the previous snapshot is written before the next copy).
+    Uses torch's private _state_dict_utils helpers (the same ones dcp.async_save stages with); torch is
+    pinned exactly, so they cannot drift underneath.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, Any] | None = None
+        self._signature: Any = None
+
+    def stage(self, sd: dict[str, Any]) -> dict[str, Any]:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        signature = _signature(sd)
+        if self._buffers is None or signature != self._signature:
+            self._buffers = _create_cpu_state_dict(sd, share_memory=True)
+            self._signature = signature
+        staged = _copy_state_dict(sd, self._buffers, non_blocking=False)
+        if any(isinstance(t, torch.Tensor) and t.is_cuda for t in _leaves(sd)):
+            torch.cuda.synchronize()
+        return staged
+
+    def release(self) -> None:
+        self._buffers = None
+        self._signature = None
+
+
+def _leaves(obj: Any) -> list[Any]:
+    if isinstance(obj, dict):
+        return [leaf for v in obj.values() for leaf in _leaves(v)]
+    if isinstance(obj, list | tuple):
+        return [leaf for v in obj for leaf in _leaves(v)]
+    return [obj]
+
+
+def _signature(obj: Any) -> Any:
+    """Structure, shapes and dtypes of a state dict (values of non-tensors excluded)."""
+    if isinstance(obj, DTensor):
+        local = obj.to_local()
+        return ("D", tuple(local.shape), local.dtype, tuple(obj.shape))
+    if isinstance(obj, torch.Tensor):
+        return ("T", tuple(obj.shape), obj.dtype)
+    if isinstance(obj, dict):
+        return tuple((k, _signature(v)) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return tuple(_signature(v) for v in obj)
+    return type(obj).__name__

@@ -1,0 +1,169 @@
+"""NVRx async-checkpoint compatibility: CPU-only hosts and the 0.4.1 / 0.7.x API drift, in one place.
+
+NVRx's asynchronous checkpointing assumes CUDA in a few places. On a host where CUDA is available every
+function here is a pass-through (or adds nothing), so the GPU path is NVRx as shipped. On a CPU-only host
+(tests, the local demo) it bridges:
+
+1. 0.4.1 `FileSystemWriterAsync.preload_tensors(..., non_blocking=True)` calls `torch.cuda.synchronize()`
+   unconditionally. It runs in the persistent worker; the worker dies and the trainer blocks forever in
+   `preload_q.join()`. -> `cpu_safe_preload` rebinds the preload with non_blocking=False (0.7.x syncs
+   only for CUDA tensors, so this is harmless there).
+2. 0.7.x's persistent worker starts with `torch.cuda.set_device(rank % torch.cuda.device_count())`
+   (ZeroDivisionError on CPU) unless the queue is built with `cpu_shm_mode=True`, a keyword 0.4.1 lacks.
+   -> `make_async_queue` passes it only when the installed NVRx accepts it and CUDA is absent.
+3. `AsyncCallsQueue.maybe_finalize_async_calls(no_dist=False)` agrees across ranks with an all_reduce on a
+   CUDA tensor (both versions). -> `poll_finished` always uses no_dist=True; the checkpoint manager does
+   the cross-rank agreement itself on its gloo group.
+4. A worker that dies (any version) never reports completion, and NVRx's blocking wait polls forever.
+   -> `worker_alive` exposes the worker process so callers can bound every wait; `abort_queue` kills it.
+5. `FileSystemWriterAsync.retrieve_write_results()` raises on a failed write in 0.4.1 and returns a
+   wrapped exception in 0.7.x. -> `write_results_or_raise` turns both into one RuntimeError.
+6. 0.4.1 starts the worker lazily on the first save (~3-4 s of imports in the first save's blocked time);
+   0.7.x has `warmup_persistent_caller`. -> `prewarm` starts it with a no-op request on both.
+7. `maybe_finalize_async_calls` returns the `call_idx` field of the stored request, which is never set
+   (always 0) in both versions. -> `poll_pending` returns how many calls are still unfinished instead.
+8. When the trainer is SIGKILLed (tier-2 faults do exactly that), the worker and the write-results
+   Manager process it started live on as orphans, blocked forever. -> the warm-up request installs a
+   watchdog thread in the worker that kills both once the trainer is gone. (Not CPU-specific.)
+
+Only these NVRx names are used, all present in 0.4.1 and 0.7.0: AsyncCallsQueue(persistent=...),
+.schedule_async_request, .maybe_finalize_async_calls(blocking, no_dist), .get_num_unfinalized_calls,
+.persistent_caller.process, AsyncRequest(async_fn, async_fn_args, finalize_fns, preload_fn=...),
+FileSystemWriterAsync(path, thread_count=...), .get_save_function_and_args, .retrieve_write_results,
+.finish, save_state_dict_async_plan(state_dict, writer, process_group, coordinator_rank, planner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def make_async_queue() -> Any:
+    """A persistent-worker AsyncCallsQueue that can start its worker on this host."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+    kwargs: dict[str, Any] = {"persistent": True}
+    params = inspect.signature(AsyncCallsQueue.__init__).parameters
+    if not cuda_available() and "cpu_shm_mode" in params:
+        kwargs["cpu_shm_mode"] = True  # 0.7.x: skip the worker's CUDA device selection
+    return AsyncCallsQueue(**kwargs)
+
+
+def cpu_safe_preload(preload_fn: Callable[[], Any] | None) -> Callable[[], Any] | None:
+    """The writer's preload function, rebound to non_blocking=False when there is no CUDA."""
+    if preload_fn is None or cuda_available():
+        return preload_fn
+    if isinstance(preload_fn, functools.partial) and preload_fn.args and preload_fn.args[-1] is True:
+        return functools.partial(preload_fn.func, *preload_fn.args[:-1], False, **preload_fn.keywords)
+    return preload_fn
+
+
+def poll_pending(queue: Any) -> int:
+    """Finalize the calls this rank's worker has finished (no cross-rank agreement, no CUDA); returns
+    how many are still unfinished."""
+    queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+    return int(queue.get_num_unfinalized_calls())
+
+
+def worker_process(queue: Any) -> Any:
+    caller = getattr(queue, "persistent_caller", None)
+    return getattr(caller, "process", None)
+
+
+def worker_alive(queue: Any) -> bool:
+    """False when the persistent worker was started and is gone (crashed, killed)."""
+    proc = worker_process(queue)
+    return proc is None or proc.is_alive()
+
+
+def worker_exitcode(queue: Any) -> int | None:
+    proc = worker_process(queue)
+    return None if proc is None else proc.exitcode
+
+
+def abort_queue(queue: Any, timeout_s: float = 5.0) -> None:
+    """Stop the persistent worker without waiting on NVRx's unbounded joins; drop pending calls."""
+    proc = worker_process(queue)
+    if proc is not None and proc.is_alive():
+        proc.terminate()
+        proc.join(timeout_s)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout_s)
+    caller = getattr(queue, "persistent_caller", None)
+    if caller is not None:
+        caller.process = None  # so NVRx's __del__/close do not join a dead worker's queues
+    if hasattr(queue, "async_calls"):
+        queue.async_calls.clear()
+
+
+def close_queue(queue: Any, timeout_s: float) -> None:
+    """Stop an idle worker politely (DONE message), bounded; fall back to abort_queue."""
+    proc = worker_process(queue)
+    if proc is not None and proc.is_alive():
+        with contextlib.suppress(Exception):  # the queue may be broken already
+            queue.persistent_caller.queue.put("DONE")
+        proc.join(timeout_s)
+    abort_queue(queue)
+
+
+def write_results_or_raise(writer: Any) -> list[Any]:
+    """The write results of a finished FileSystemWriterAsync, or RuntimeError if the write failed."""
+    from torch.distributed.checkpoint.utils import _is_wrapped_exception
+
+    results = writer.retrieve_write_results()  # 0.4.1 raises here on failure
+    if _is_wrapped_exception(results):  # 0.7.x returns (exception, traceback)
+        raise RuntimeError(f"checkpoint worker failed: {results[0]}") from results[0]
+    return list(results)
+
+
+def _watch_trainer(trainer_pid: int, also_kill: list[int]) -> None:
+    """Runs in the worker (the warm-up request's target): exit, taking `also_kill` along, once the
+    trainer process is gone. Importable by name, so the spawned worker can unpickle it."""
+
+    def watch() -> None:
+        while os.getppid() == trainer_pid:
+            time.sleep(0.5)
+        for pid in also_kill:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="trainer-watchdog", daemon=True).start()
+
+
+def prewarm(queue: Any) -> None:
+    """Start the persistent worker (and the write-results Manager) now instead of inside the first save;
+    the worker watches the trainer and cleans up if it dies."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+    # The write-results queue is a multiprocessing Manager (a spawned server process), created lazily in
+    # the first save's planning. Named differently in 0.4.1 and 0.7.x.
+    getter = getattr(filesystem_async, "get_write_results_queue", None) or getattr(
+        filesystem_async, "_get_write_results_queue", None
+    )
+    manager_pids: list[int] = []
+    if getter is not None:
+        results_queue = getter()
+        process = getattr(getattr(results_queue, "_manager", None), "_process", None)
+        if process is not None and process.pid:
+            manager_pids.append(int(process.pid))
+    queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
