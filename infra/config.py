@@ -232,6 +232,10 @@ class TeamConfig(_Model):
     """nvidia.com/gpu the team namespace may request; default: everything the GPU node group can hold."""
     deploy_trainer: bool = True
     """Install the trainer chart (k8s/) as a Helm release at deploy time."""
+    start_trainer: bool = False
+    """Start the trainer Job at deploy time. Off by default: the release is installed suspended, because a
+    fresh FSx file system has no training data yet and GPU hours should start when the team says so.
+    Set it to true (and `cdk deploy` again) to run; the Job resumes from its newest checkpoint."""
 
     @field_validator("name")
     @classmethod

@@ -32,6 +32,7 @@ def trainer_values(team: TeamConfig, image_repository: str, image_tag: str) -> d
         "efaPerNode": instance.efa_interfaces,
         "storage": {"claimName": FSX_PVC_NAME, "localNvmePath": LOCAL_NVME_PATH},
         "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
+        "suspend": not team.start_trainer,
     }
 
 

@@ -426,6 +426,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
         "efaPerNode",
         "storage",
         "serviceAccountName",
+        "suspend",
     }
     assert set(values["image"]) == {"repository", "tag"} and values["image"]["tag"]
     assert ".dkr.ecr." in values["image"]["repository"]
@@ -435,6 +436,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
     assert values["efaPerNode"] == EXPECTED_EFA[instance]
     assert values["storage"] == {"claimName": "fsx-shared", "localNvmePath": "/mnt/nvme"}
     assert values["serviceAccountName"] == "trainer"
+    assert values["suspend"] is (not config.start_trainer)
 
 
 def test_no_trainer_release_when_disabled(templates: dict) -> None:
