@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 
 from trainer.checkpoint.state import Stager
 
@@ -38,7 +38,7 @@ class SyncBackend:
     def start(self, sd: dict[str, Any], tmp: Path, pg: dist.ProcessGroup) -> Any:
         try:
             dcp.save(sd, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=pg)
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
             raise CheckpointWriteError(f"dcp.save failed: {exc}") from exc
         return None
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 
 from trainer.checkpoint import layout
 from trainer.checkpoint.backends import CheckpointWriteError, make_backend
@@ -136,6 +136,8 @@ class CheckpointManager:
             token = self._backend.start(sd, tmp, self._group())
         except CheckpointWriteError:
             self._backend.abort()
+            if self.rank == 0:
+                layout.discard(tmp)
             raise
         self._pending = _Pending(step, tmp, token, t0)
         if self.cfg.mode == "sync":
@@ -163,7 +165,7 @@ class CheckpointManager:
                 if p.files is not None and p.files.done():
                     p.files.result()  # re-raises a hashing error
                     return "ready", None
-            except Exception as exc:
+            except (Exception, CheckpointException) as exc:
                 return "failed", f"rank {self.rank}: {exc}"
             if time.perf_counter() > deadline:
                 return "failed", f"rank {self.rank}: write not finished after {self.cfg.write_timeout_s} s"
@@ -294,7 +296,7 @@ class CheckpointManager:
             template = build_load_dict(state, self.rank, keys)
             dcp.load(template, storage_reader=FileSystemReader(path), process_group=self._group())
             apply_loaded(state, template, self.rank)
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
             error = f"load failed: {type(exc).__name__}: {str(exc).strip()[:500]}"
         return self._agree(error)
 
