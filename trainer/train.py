@@ -422,6 +422,11 @@ def main(cfg: TrainConfig) -> int:
         else:
             trainer.run_iteration(None)
     except BaseException as exc:
+        if cfg.inprocess:
+            from trainer.resilience.inprocess import LeaveToTier2
+
+            if isinstance(exc, LeaveToTier2):  # the Wrapper saw a dead peer before the launcher did
+                trainer.events.emit("fault_detected", tier=2, reason=_reason(exc))
         trainer.events.emit("run_end", step=trainer.last_step, status="failed")
         log.error("training failed: %s", _reason(exc))
         raise

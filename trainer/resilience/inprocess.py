@@ -116,12 +116,16 @@ class CpuSafeHealthCheck(HealthCheck):
         return state
 
 
+class LeaveToTier2(RestartAbort):
+    """A rank was terminated: this process leaves the Wrapper so that ft_launcher restarts all workers."""
+
+
 class FixedWorld(RankAssignment):
     """Keep every rank active with its rank; leave the Wrapper if any rank was terminated (tier 2)."""
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         if ctx.terminated_ranks:
-            raise RestartAbort(f"ranks {sorted(ctx.terminated_ranks)} terminated: leaving recovery to tier 2")
+            raise LeaveToTier2(f"ranks {sorted(ctx.terminated_ranks)} terminated: leaving recovery to tier 2")
         ctx.state = dataclasses.replace(
             ctx.state,
             mode=Mode.ACTIVE,
