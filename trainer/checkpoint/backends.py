@@ -13,7 +13,7 @@ DCP `.metadata`. The cross-rank agreement and the commit are the manager's.
 
 from __future__ import annotations
 
-import atexit
+import multiprocessing.util
 import threading
 import time
 from pathlib import Path
@@ -107,7 +107,10 @@ class NvrxBackend:
             if cls._queue is None:
                 cls._queue = compat.make_async_queue()
                 compat.prewarm(cls._queue)
-                atexit.register(_close_shared_queue)
+                # Not atexit: multiprocessing joins live non-daemon children (NVRx 0.4.1's worker is one)
+                # before atexit handlers run, and in a multiprocessing child it never runs them at all.
+                # Its finalizers with a priority run before that join.
+                multiprocessing.util.Finalize(None, _close_shared_queue, exitpriority=10)
             return cls._queue
 
     @classmethod
