@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,12 @@ def recovery_section(res: dict[str, Any]) -> str:
     cfg = res["config"]
     rows = []
     for name, s in res["summary"].items():
+        by = Counter(detector(r.get("detected_by")) for r in res.get("runs", []) if r["scenario"] == name)
         rows.append(
             [
                 f"`{name}`",
                 f"{s['ok']}/{s['runs']}",
+                ", ".join(k for k, _ in by.most_common()) or "-",
                 fmt_spread(s.get("detection_s")),
                 fmt_spread(s.get("mttr_s")),
                 fmt_spread(s.get("regain_s")),
@@ -58,7 +61,16 @@ def recovery_section(res: dict[str, Any]) -> str:
                 fmt_spread(s.get("load_s"), "s", 3),
             ]
         )
-    header = ["scenario", "ok", "detection", "MTTR", "back at the fault step", "steps recomputed", "load"]
+    header = [
+        "scenario",
+        "ok",
+        "detected by",
+        "detection",
+        "MTTR",
+        "back at the fault step",
+        "steps recomputed",
+        "load",
+    ]
     text = [
         "### Recovery",
         f"One local pod of {cfg['nproc']} CPU ranks (`{cfg['preset']}` preset, gloo), one fault at step "
@@ -68,7 +80,9 @@ def recovery_section(res: dict[str, Any]) -> str:
         f"{cfg['heartbeat_timeout']:g} s. *MTTR*: fault -> start of the first step after it; *back at the "
         "fault step*: MTTR plus the recompute from the restored checkpoint. A full restart relaunches "
         "the whole pod with the node-local checkpoints deleted, as on new nodes; it includes no "
-        "scheduling or node replacement.",
+        "scheduling or node replacement. *detected by*: what noticed the fault first (a hang is noticed "
+        "by the healthy peer's collective timeout, before the Wrapper's soft timeout or the launcher's "
+        "heartbeat timeout).",
         "",
         md_table(header, rows),
         "",
@@ -95,6 +109,28 @@ PHASE_COLOURS = {
     "load": "#009e73",
     "first_step": "#cc79a7",
 }
+
+
+def detector(detected_by: str | None) -> str:
+    """A short name for what noticed the fault, from bench.recovery's ``detected_by``."""
+    text = detected_by or ""
+    if text.startswith("pod exit"):
+        return "job controller (pod exit)"
+    if text.startswith("ft_launcher"):
+        return "ft_launcher (worker exit)"
+    if text.startswith("tier 1"):
+        for needle, why in (
+            ("Timed out", "collective timeout"),
+            ("Connection closed", "peer closed"),
+            ("InjectedFault", "the exception"),
+            ("timeout", "soft/hard timeout"),
+        ):
+            if needle in text:
+                return f"Wrapper ({why})"
+        return "Wrapper"
+    if text.startswith("tier 2"):
+        return "SIGTERM from ft_launcher"
+    return "-"
 
 
 def recovery_plot(res: dict[str, Any], png: Path) -> Path | None:

@@ -167,3 +167,19 @@ def test_report_builds_tables_and_plots_from_results(tmp_path):
     assert (results / "recovery.png").stat().st_size > 5_000
     assert body in readme.read_text()
     assert "](recovery.png)" in (results / "RESULTS.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("detected_by", "label"),
+    [
+        ("pod exit 1", "job controller (pod exit)"),
+        ("ft_launcher: [default] Worker group UNHEALTHY.", "ft_launcher (worker exit)"),
+        ("tier 1: InjectedFault: injected exception:step=8", "Wrapper (the exception)"),
+        ("tier 1: RuntimeError: ... Timed out waiting 8000ms", "Wrapper (collective timeout)"),
+        ("tier 2: LeaveToTier2: ranks [1] terminated", "Wrapper, hands over to tier 2"),
+        ("tier 2: signal 15 from the launcher", "SIGTERM from ft_launcher"),
+        (None, "-"),
+    ],
+)
+def test_detector_labels(detected_by, label):
+    assert report.detector(detected_by) == label
