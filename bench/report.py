@@ -123,13 +123,14 @@ def detector(detected_by: str | None) -> str:
             ("Timed out", "collective timeout"),
             ("Connection closed", "peer closed"),
             ("InjectedFault", "the exception"),
+            ("Interruption.EXCEPTION", "a rank raised"),
             ("timeout", "soft/hard timeout"),
         ):
             if needle in text:
                 return f"Wrapper ({why})"
         return "Wrapper"
     if text.startswith("tier 2"):
-        return "SIGTERM from ft_launcher"
+        return "Wrapper, hands over to tier 2" if "LeaveToTier2" in text else "SIGTERM from ft_launcher"
     return "-"
 
 
