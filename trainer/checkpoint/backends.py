@@ -89,6 +89,7 @@ class NvrxBackend:
 
     defers_metadata = True
     _queue: Any = None
+    _prewarm: threading.Thread | None = None
     _lock = threading.Lock()
 
     def __init__(self, write_timeout_s: float) -> None:
@@ -106,7 +107,12 @@ class NvrxBackend:
                 cls._queue = None
             if cls._queue is None:
                 cls._queue = compat.make_async_queue()
-                compat.prewarm(cls._queue)
+                # In a thread: starting the write-results Manager waits for a spawned interpreter to
+                # import the main module (seconds under `python -m trainer`), which restarts must not pay.
+                cls._prewarm = threading.Thread(
+                    target=compat.prewarm, args=(cls._queue,), name="nvrx-prewarm", daemon=True
+                )
+                cls._prewarm.start()
                 # Not atexit: multiprocessing joins live non-daemon children (NVRx 0.4.1's worker is one)
                 # before atexit handlers run, and in a multiprocessing child it never runs them at all.
                 # Its finalizers with a priority run before that join.
@@ -131,6 +137,11 @@ class NvrxBackend:
 
         from trainer.resilience import compat
 
+        prewarm = NvrxBackend._prewarm
+        if prewarm is not None and prewarm.is_alive():
+            prewarm.join(self.write_timeout_s)
+            if prewarm.is_alive():
+                raise CheckpointWriteError(f"NVRx worker did not start within {self.write_timeout_s} s")
         staged = self.stager.stage(sd)  # the copy out of device memory: the loop waits only for this...
         writer = FileSystemWriterAsync(tmp, thread_count=1)
         writer, metadata, _ = save_state_dict_async_plan(  # ...and for planning (a small collective)
