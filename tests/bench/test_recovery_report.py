@@ -160,7 +160,7 @@ def test_report_builds_tables_and_plots_from_results(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{report.START}\n{report.END}\n")
     body = report.write(results, readme)
-    assert "| `exception/tier1` | 3/3 | 2.00 s (1.50-3.00) | 2.00 s (1.50-3.00) | - |" in body
+    assert "| `exception/tier1` | 3/3 | - | 2.00 s (1.50-3.00) | 2.00 s (1.50-3.00) | - |" in body
     assert "| `hang/tier2` | 2/3 |" in body
     assert "| 5 | 5 | 4.50 s (4.00-5.00) | - | 4 MiB (4-5) | 4 MiB (4-5) | 57 MiB |" in body
     assert (results / "synth.png").is_file()
