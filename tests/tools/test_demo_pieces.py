@@ -1,0 +1,101 @@
+"""The demo's pieces: CloudFormation values read offline, kubelet-style expansion, the rendered pod."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tools.cfn import helm_releases, resolve
+from tools.podspec import expand, load_manifests, trainer_pod
+
+REPO = Path(__file__).resolve().parents[2]
+HELM = REPO / ".tools/bin/helm"
+PSEUDO = {"AWS::AccountId": "123456789012", "AWS::Region": "us-east-2"}
+
+
+def test_resolve_evaluates_join_sub_select_and_keeps_unknown_refs_visible() -> None:
+    expr = {
+        "Fn::Join": [
+            "",
+            [
+                '{"repo":"',
+                {"Fn::Sub": "${AWS::AccountId}.dkr.ecr.${AWS::Region}.amazonaws.com/x"},
+                '","az":"',
+                {"Fn::Select": [1, {"Fn::Split": [",", "a,b,c"]}]},
+                '","bucket":"',
+                {"Ref": "ChartBucket"},
+                '"}',
+            ],
+        ]
+    }
+    assert json.loads(resolve(expr, PSEUDO)) == {
+        "repo": "123456789012.dkr.ecr.us-east-2.amazonaws.com/x",
+        "az": "b",
+        "bucket": "<Ref:ChartBucket>",
+    }
+
+
+def test_helm_releases_parses_values_of_each_release(tmp_path: Path) -> None:
+    template = {
+        "Resources": {
+            "Chart1": {
+                "Type": "Custom::AWSCDK-EKS-HelmChart",
+                "Properties": {
+                    "Release": "trainer",
+                    "Namespace": "team-a",
+                    "Values": {"Fn::Join": ["", ['{"nodes":', "2", "}"]]},
+                },
+            },
+            "Other": {"Type": "AWS::S3::Bucket", "Properties": {}},
+        }
+    }
+    path = tmp_path / "t.template.json"
+    path.write_text(json.dumps(template))
+    releases = helm_releases(path, PSEUDO)
+    assert list(releases) == ["trainer"]
+    assert releases["trainer"]["Values"] == {"nodes": 2}
+    assert releases["trainer"]["Namespace"] == "team-a"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "expected"),
+    [
+        ("--x=$(A)", {"A": "1"}, "--x=1"),
+        ("$(A)$(B)", {"A": "1", "B": "2"}, "12"),
+        ("$(MISSING)", {}, "$(MISSING)"),  # the kubelet leaves unknown references as written
+        ("$$(A)", {"A": "1"}, "$(A)"),  # $$ escapes
+        ('$(dirname "$P")', {"P": "x"}, '$(dirname "$P")'),  # shell syntax is not a variable reference
+    ],
+)
+def test_expand_follows_kubelet_rules(text: str, env: dict[str, str], expected: str) -> None:
+    assert expand(text, env) == expected
+
+
+def test_trainer_pod_from_the_rendered_chart_runs_ft_launcher_with_local_places() -> None:
+    rendered = subprocess.run(
+        [str(HELM), "template", "trainer", str(REPO / "k8s"), "-f", str(REPO / "tools/demo-values.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    pod = trainer_pod(load_manifests(rendered))
+    assert pod.job_name == "trainer"
+    assert [c.name for c in pod.init_containers] == ["synthetic-data"]
+    argv = pod.trainer.resolved_argv({"RDZV_ENDPOINT": "127.0.0.1:1234", "OUT_DIR": "/tmp/run"})
+    assert argv[0] == "ft_launcher"
+    assert "--rdzv-endpoint=127.0.0.1:1234" in argv
+    assert "--nnodes=2" in argv and "--nproc-per-node=2" in argv
+    assert "--out-dir=/tmp/run" in argv
+    # Both tiers' faults travel through the chart's values into the trainer's arguments.
+    faults = sorted(a for a in argv if a.startswith("--fault="))
+    assert faults == ["--fault=exception:step=17:rank=1", "--fault=node-loss:step=37:node=1"]
+    assert not [a for a in argv if "$(" in a], "every $(VAR) of the pod command has a value"
+
+
+def test_trainer_pod_rejects_manifests_without_a_job() -> None:
+    with pytest.raises(ValueError, match="expected one trainer Job"):
+        trainer_pod([{"kind": "Service", "metadata": {"name": "x"}}])
