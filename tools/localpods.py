@@ -373,3 +373,83 @@ class LocalJob:
     def _emit(self, kind: str, fields: dict[str, Any]) -> None:
         if self._on_event is not None:
             self._on_event(kind, fields)
+
+
+# -- command line: run any command as N local pods -----------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m tools.localpods --pods N [--kill INDEX@SECONDS] -- COMMAND...`; returns 0 on success.
+
+    `{index}` and `{port}` in COMMAND become the pod index and a free rendezvous port (pod 0 is started
+    first and must listen on it). Example, 2 pods x 2 ranks of the trainer:
+
+        python -m tools.localpods --pods 2 --kill 1@40 -- ft_launcher --nnodes=2 --nproc-per-node=2 \\
+            --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{port} --rdzv-id=local --max-restarts=3 \\
+            -m trainer --data-path=out/tokens.npy --out-dir=out/local --device=cpu
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tools.localpods", description=main.__doc__)
+    parser.add_argument("--pods", type=int, default=2, help="pods (Job indexes) to run")
+    parser.add_argument("--log-dir", type=Path, default=Path("out/localpods"), help="pod-<index>.log go here")
+    parser.add_argument("--backoff-limit", type=int, default=3, help="pod failures tolerated")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before every pod is killed")
+    parser.add_argument(
+        "--kill", action="append", default=[], metavar="INDEX@SECONDS", help="lose pod INDEX after SECONDS"
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the pod command")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("command: give the pod command after --")
+    if args.pods < 1:
+        parser.error("--pods: must be >= 1")
+    kills: list[tuple[float, int]] = []
+    for item in args.kill:
+        index, sep, seconds = item.partition("@")
+        if not sep or not index.isdigit() or int(index) >= args.pods:
+            parser.error(f"--kill: expected INDEX@SECONDS with INDEX < {args.pods}, got {item!r}")
+        kills.append((float(seconds), int(index)))
+    port = _free_port()
+    specs = [
+        PodSpec(
+            f"pod-{i}",
+            [part.replace("{index}", str(i)).replace("{port}", str(port)) for part in command],
+            dict(os.environ),
+            args.log_dir / f"pod-{i}.log",
+        )
+        for i in range(args.pods)
+    ]
+    uses_port = any("{port}" in part for part in command)
+
+    def say(kind: str, fields: dict[str, Any]) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {kind} {fields}", flush=True)
+
+    job = LocalJob(
+        specs, backoff_limit=args.backoff_limit, host_port=port if uses_port else None, on_event=say
+    )
+    with job:
+        job.start()
+        started = time.monotonic()
+        pending = sorted(kills)
+        result = None
+        while result is None and time.monotonic() - started < args.timeout:
+            while pending and time.monotonic() - started >= pending[0][0]:
+                _, index = pending.pop(0)
+                say("pod_kill", {"index": index, "pids": sorted(job.kill_pod(index))})
+            result = job.poll()
+            time.sleep(0.2)
+    if result is None:
+        print(f"job: timed out after {args.timeout:.0f} s (every pod killed)", flush=True)
+        return 1
+    print(f"job: {'succeeded' if result.succeeded else 'failed'} ({result.reason})", flush=True)
+    return 0 if result.succeeded else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

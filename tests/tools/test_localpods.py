@@ -180,3 +180,21 @@ def test_invalid_job_configuration_names_the_field(tmp_path: Path) -> None:
     spec = PodSpec("p", [sys.executable, "-c", "pass"], {}, tmp_path / "p.log")
     with pytest.raises(ValueError, match="backoff_limit"):
         LocalJob([spec], backoff_limit=-1)
+
+
+def test_command_line_runs_pods_and_replaces_a_killed_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tools.localpods import main
+
+    # Every index sleeps on its first attempt and exits 0 on its second: both are killed (after 2 and
+    # 2.5 s) and replaced; backoff_limit 0 holds because kills are disruptions, not failures.
+    argv = ["--pods", "2", "--log-dir", str(tmp_path / "logs"), "--backoff-limit", "0", "--timeout", "60"]
+    argv += ["--kill", "0@2", "--kill", "1@2.5"]
+    command = [sys.executable, "-c", SCRIPTED, "{index}", "sleep,0", str(tmp_path)]
+    assert main([*argv, "--", *command]) == 0
+    out = capsys.readouterr().out
+    assert "pod_kill {'index': 0" in out and "'reason': 'disrupted'" in out and "job: succeeded" in out
+    assert (tmp_path / "attempts-0").read_text() == "xx" and (tmp_path / "attempts-1").read_text() == "xx"
+    with pytest.raises(SystemExit):
+        main(["--kill", "5@1", "--", "true"])
