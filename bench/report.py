@@ -342,6 +342,7 @@ def build(results: Path) -> str:
     stall = _load(results / "ckpt_stall.json")
     if stall:
         parts.append(rows_section("Checkpoint stall", stall))
+        parts += [f"![checkpoint stall]({png})\n" for png in stall.get("plots") or []]
     synth = _load(results / "synth.json")
     if synth:
         parts.append(synth_section(synth))

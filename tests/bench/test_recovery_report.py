@@ -157,6 +157,12 @@ def test_report_builds_tables_and_plots_from_results(tmp_path):
         "cdk_out_mib": 57.2,
     }
     (results / "synth.json").write_text(json.dumps({"synth": [synth]}))
+    stall = {
+        "note": "blocked time per save",
+        "rows": [{"mode": "sync", "mib_per_rank": 64, "blocked_s": spread, "floor_s": 0.01}],
+        "plots": ["bench/results/ckpt_stall.png"],
+    }
+    (results / "ckpt_stall.json").write_text(json.dumps(stall))
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{report.START}\n{report.END}\n")
     body = report.write(results, readme)
@@ -164,6 +170,8 @@ def test_report_builds_tables_and_plots_from_results(tmp_path):
     assert "| `hang/tier2` | 2/3 |" in body
     assert "| 5 | 5 | 4.50 s (4.00-5.00) | - | 4 MiB (4-5) | 4 MiB (4-5) | 57 MiB |" in body
     assert (results / "synth.png").is_file()
+    assert "| sync | 64 | 2.000 (1.500-3.000) | 0.01 |" in body
+    assert "![checkpoint stall](bench/results/ckpt_stall.png)" in body
     assert (results / "recovery.png").stat().st_size > 5_000
     assert body in readme.read_text()
     assert "](recovery.png)" in (results / "RESULTS.md").read_text()
