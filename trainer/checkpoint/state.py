@@ -109,13 +109,13 @@ class Stager:
         self._signature: Any = None
 
     def stage(self, sd: dict[str, Any]) -> dict[str, Any]:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
         signature = _signature(sd)
         if self._buffers is None or signature != self._signature:
             self._buffers = _create_cpu_state_dict(sd, share_memory=True)
             self._signature = signature
-        staged = _copy_state_dict(sd, self._buffers, non_blocking=False)
+        staged = copy_into(sd, self._buffers)
         if any(isinstance(t, torch.Tensor) and t.is_cuda for t in _leaves(sd)):
             torch.cuda.synchronize()
         return staged
@@ -123,6 +123,22 @@ class Stager:
     def release(self) -> None:
         self._buffers = None
         self._signature = None
+
+
+def copy_into(src: Any, dst: Any) -> Any:
+    """Copy src's tensors into dst's same-shaped tensors (DTensors shard to shard, no DTensor dispatch:
+    a plain memcpy per tensor); returns dst's structure with src's non-tensor values."""
+    if isinstance(src, DTensor):
+        dst.to_local().copy_(src.to_local(), non_blocking=True)
+        return dst
+    if isinstance(src, torch.Tensor):
+        dst.copy_(src, non_blocking=True)
+        return dst
+    if isinstance(src, dict):
+        return {k: copy_into(v, dst[k]) for k, v in src.items()}
+    if isinstance(src, list | tuple):
+        return type(src)(copy_into(v, d) for v, d in zip(src, dst, strict=True))
+    return src
 
 
 def _leaves(obj: Any) -> list[Any]:
