@@ -154,20 +154,24 @@ def _fault_report(
     restores: list[dict[str, Any]],
 ) -> dict[str, Any]:
     t_fault = float(fault["t"])
-    detected = next((d for d in detections if t_fault <= float(d["t"]) < next_fault_t), None)
     after = [s for s in steps if float(s["t_start"]) >= t_fault]
+    before = [s for s in steps if float(s["t_end"]) <= t_fault]
     restore_after = next((r for r in restores if float(r["t"]) > t_fault), None)
     restore_before = [r for r in restores if float(r["t"]) <= t_fault]
     since = float(restore_before[-1]["t"]) if restore_before else -math.inf
-    done_before = {int(s["step"]) for s in steps if since < float(s["t_end"]) <= t_fault}
+    done_before = {int(s["step"]) for s in before if since < float(s["t_end"])}
 
-    tier = int(detected["tier"]) if detected is not None else None
-    if tier is None and after:
-        # No survivor reported it (e.g. every rank was killed): infer the tier from who ran the next step.
-        if int(after[0]["restart"]) > int(fault.get("restart", 0)):
-            tier = 2
-        elif int(after[0]["iteration"]) > int(fault.get("iteration", 0)):
-            tier = 1
+    # Detections between the fault and training's resumption (or the next fault). A tier-2 fault is often
+    # seen first by a survivor's tier-1 Wrapper and then handled by the launcher: the highest tier among
+    # them is the one that recovered it; detection_s is the first one.
+    until = min(float(after[0]["t_start"]) if after else math.inf, next_fault_t)
+    seen = [d for d in detections if t_fault <= float(d["t"]) <= until]
+    tier = max((int(d["tier"]) for d in seen), default=None)
+    if after and before and after[0]["pid"] != before[-1]["pid"]:
+        tier = 2  # rank 0 runs in a new process: the workers were restarted
+    elif tier is None and after and before and int(after[0]["iteration"]) > int(before[-1]["iteration"]):
+        tier = 1
+    detected = seen[0] if seen else None
 
     recomputed = None
     if restore_after is not None:
