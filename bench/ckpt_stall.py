@@ -81,11 +81,13 @@ def _rank_main(rank: int, world_size: int, port: int, job: dict[str, Any], resul
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         model.to_empty(device=device)
+        shards = [p.to_local() for p in model.parameters()]  # type: ignore[attr-defined]  # DTensors
         with torch.no_grad():
-            for p in model.parameters():
-                p.to_local().uniform_(-1, 1)  # real bytes (never-touched pages would flatter the copies)
+            for shard in shards:
+                shard.uniform_(-1, 1)  # real bytes (never-touched pages would flatter the copies)
         state = {"model": model}
-        local_mib = sum(p.to_local().numel() * 4 for p in model.parameters()) / 2**20
+        local_mib = sum(shard.numel() * 4 for shard in shards) / 2**20
+        del shards
 
         # Floor: one copy of the same state into preallocated CPU buffers (the nvrx mode's staging copy).
         sd = build_save_dict(state, rank)

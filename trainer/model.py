@@ -211,6 +211,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # Not persistent: derived from the config, so never part of a checkpoint.
+        self.rope: torch.Tensor
         self.register_buffer("rope", torch.empty(cfg.max_seq_len, cfg.head_dim // 2, 2), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

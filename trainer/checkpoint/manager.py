@@ -187,9 +187,9 @@ class CheckpointManager:
         flags = torch.tensor([state == "pending", state == "failed"], dtype=torch.int64)
         dist.all_reduce(flags, group=self._group())
         if flags[1] > 0:
-            reasons = [None] * self.world_size
+            reasons: list[Any] = [None] * self.world_size
             dist.all_gather_object(reasons, reason, group=self._group())
-            self._fail(p, "; ".join(r for r in reasons if r))
+            self._fail(p, "; ".join(str(r) for r in reasons if r))
         if flags[0] > 0:
             return []
         self._commit(p)
