@@ -5,7 +5,8 @@
 Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the others still run):
 
 - recovery    bench.recovery: tier 1 vs tier 2 vs full restart, hang detection (several repetitions)
-- ckpt_stall  ``python -m bench.ckpt_stall --out <json> [--quick]`` (the checkpoint engineer's bench)
+- ckpt_stall  ``python -m bench.ckpt_stall --mib 64 256 1024 --out <json>`` (the checkpoint engineer's
+              bench; --quick: its own short pass)
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
@@ -60,7 +61,7 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 
 # The other engineers' benches and their arguments (full, quick).
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
-CKPT_ARGS: tuple[list[str], list[str]] = ([], ["--quick"])
+CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
 
 
 MC_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
