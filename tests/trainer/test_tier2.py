@@ -312,7 +312,8 @@ def test_sigkilled_rank_is_restarted_by_ft_launcher(tmp_path: Path, token_file: 
     detected = [e for e in evs if e["ev"] == "fault_detected" and float(e["t"]) >= t_fault]
     assert any(e["rank"] == 0 and int(e["tier"]) == 2 for e in detected), detected
     first = next(e for e in evs if e["ev"] == "step" and float(e["t_start"]) >= t_fault)
-    assert int(first["restart"]) == 1 and int(first["step"]) == 6
+    new_pids = {e["pid"] for e in evs if e["ev"] == "run_start" and float(e["t"]) > t_fault}
+    assert first["pid"] in new_pids and int(first["step"]) == 6
 
 
 @pytest.mark.slow
@@ -342,7 +343,7 @@ def test_hung_ranks_are_detected_and_restarted(
     assert all(f["recovered"] and f["tier"] == 2 and f["restored_step"] == 5 for f in summary["faults"])
     evs = _events(out)
     t_fault = min(float(f["t"]) for f in summary["faults"])
-    restarted = min(float(e["t"]) for e in evs if e["ev"] == "run_start" and int(e["restart"]) >= 1)
+    restarted = min(float(e["t"]) for e in evs if e["ev"] == "run_start" and float(e["t"]) > t_fault)
     logs = _logs(tmp_path, tail=10**7)
     if by_heartbeat:
         assert "Did not get subsequent heartbeat" in logs
@@ -377,5 +378,10 @@ def test_lost_pod_is_replaced_and_training_resumes(tmp_path: Path, token_file: P
     assert result.attempts(1) == 2 and result.attempts(0) == 1  # pod 0 survived; its workers restarted
     _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
     evs = _events(out)
+    # Training went on in new worker processes (the launcher's restart count is no evidence: a restart
+    # caused by a node joining the rendezvous does not count as a retry and keeps it at 0).
     after = [e for e in evs if e["ev"] == "step" and float(e["t_start"]) > killed_at]
-    assert after and int(after[0]["restart"]) >= 1
+    new_pids = {
+        e["pid"] for e in evs if e["ev"] == "run_start" and e["rank"] == 0 and float(e["t"]) > killed_at
+    }
+    assert after and after[0]["pid"] in new_pids
