@@ -22,6 +22,11 @@ Linux only (/proc). Usage:
         ...
         job.kill_pod(1)            # node lost: the controller starts pod-1 again
         result = job.wait(timeout_s=120)
+
+From the shell (`{port}`: a free rendezvous port, `{index}`: the pod index):
+
+    python -m tools.localpods --pods 2 --kill 1@40 -- ft_launcher --nnodes=2 ... \
+        --rdzv-endpoint=127.0.0.1:{port} ... -m trainer ...
 """
 
 from __future__ import annotations
