@@ -317,6 +317,7 @@ class CheckpointManager:
 
         No collectives here: close runs in teardown after a fault, when peers may be gone.
         """
+        t0 = time.perf_counter()
         if self._pending is not None:
             self._pending = None
             self._backend.abort()
@@ -328,6 +329,7 @@ class CheckpointManager:
             except Exception as exc:  # the default group may be gone already
                 log.debug("destroying the checkpoint group: %s", exc)
         self._pg = None
+        log.debug("checkpoint manager closed in %.3f s", time.perf_counter() - t0)
 
     # ---------------------------------------------------------------------------------------- helpers
     def _group(self) -> dist.ProcessGroup:

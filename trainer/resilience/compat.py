@@ -98,15 +98,17 @@ def worker_exitcode(queue: Any) -> int | None:
     return None if proc is None else proc.exitcode
 
 
-def abort_queue(queue: Any, timeout_s: float = 5.0) -> None:
-    """Stop the persistent worker without waiting on NVRx's unbounded joins; drop pending calls."""
+def abort_queue(queue: Any, timeout_s: float = 1.0) -> None:
+    """Kill the persistent worker now, without NVRx's unbounded joins; drop pending calls.
+
+    SIGKILL, not SIGTERM: the worker inherits the signal mask of the thread that started it, and with
+    SIGTERM blocked there (seen under the in-process Wrapper) a SIGTERM waits forever. Whatever it was
+    writing is an uncommitted temp dir, never loaded.
+    """
     proc = worker_process(queue)
     if proc is not None and proc.is_alive():
-        proc.terminate()
+        proc.kill()
         proc.join(timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout_s)
     caller = getattr(queue, "persistent_caller", None)
     if caller is not None:
         caller.process = None  # so NVRx's __del__/close do not join a dead worker's queues
