@@ -312,3 +312,19 @@ def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: An
     finally:
         mgr.close()
     assert _committed(tmp_path / "ckpt") == ["step_00000000", "step_00000002"]
+
+
+def test_compat_preload_rebinding_only_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    import functools
+
+    from trainer.resilience import compat
+
+    def preload(buckets: Any, non_blocking: bool) -> Any:
+        return (buckets, non_blocking)
+
+    fn = functools.partial(preload, ["b"], True)
+    monkeypatch.setattr(compat, "cuda_available", lambda: False)
+    assert compat.cpu_safe_preload(fn)() == (["b"], False)  # 0.4.1 would call torch.cuda.synchronize()
+    assert compat.cpu_safe_preload(None) is None
+    monkeypatch.setattr(compat, "cuda_available", lambda: True)
+    assert compat.cpu_safe_preload(fn) is fn  # a pass-through where CUDA exists
