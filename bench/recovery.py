@@ -43,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -129,7 +130,9 @@ def free_port() -> int:
 def make_data(path: Path, cfg: RecoveryConfig) -> Path:
     """Write the token file once (``python -m trainer.data``)."""
     if not path.exists():
-        from trainer.model import PRESETS  # the vocabulary must fit the preset
+        with warnings.catch_warnings():  # torch's import warns that pynvml is deprecated; not ours
+            warnings.simplefilter("ignore", FutureWarning)
+            from trainer.model import PRESETS  # the vocabulary must fit the preset
 
         path.parent.mkdir(parents=True, exist_ok=True)
         vocab = PRESETS[cfg.preset].vocab_size
