@@ -124,8 +124,8 @@ def _predict_recovery_runs(results: Path) -> list[dict[str, Any]]:
     out = []
     for rec in json.loads(path.read_text())["runs"]:
         summary = Path(rec.get("out_dir", "")) / "summary.json"
-        if not rec.get("ok") or not summary.is_file():
-            continue
+        if not rec.get("ok") or not summary.is_file() or rec.get("unplanned_restarts"):
+            continue  # the planner is fed the injected fault only: a run with others is not comparable
         try:
             p = planner.predict_from_summary(summary)
         except (planner.PlanError, KeyError, ValueError):

@@ -24,8 +24,9 @@ restart, fault -> the launcher's exit), ``mttr_s`` (fault -> start of the first 
 same, computed here from rank 0's events as a cross-check), ``regain_s`` (fault -> start of the
 faulted step again: MTTR plus the recompute back to where the fault hit), ``steps_recomputed``,
 ``load_s`` and a phase breakdown (detect, restart until the process/iteration starts, init until the
-restore, load, first step). Timings on a shared 2-core machine are noisy: every scenario runs several
-times and reports median, min and max.
+restore, load, first step), and ``unplanned_restarts`` (recoveries beyond the injected one: a
+collective that timed out on its own, say). Timings on a shared 2-core machine are noisy: every
+scenario runs several times and reports median, min and max.
 """
 
 from __future__ import annotations
@@ -247,6 +248,10 @@ def measure(
         "efficiency": summary.get("training_efficiency"),
         "launch_to_first_step_s": None,
     }
+    # Every recovery starts rank 0 afresh (a new process or Wrapper iteration); one start plus one per
+    # injected fault is expected, any more is a restart nobody injected (e.g. a collective timeout).
+    starts0 = sum(1 for e in events if e["ev"] == "run_start" and int(e["rank"]) == 0)
+    rec["unplanned_restarts"] = max(0, starts0 - 2)
     steps0 = [e for e in events if e["ev"] == "step" and int(e["rank"]) == 0]
     if steps0:
         rec["launch_to_first_step_s"] = float(steps0[0]["t_start"]) - t_launch
@@ -329,7 +334,11 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for name in dict.fromkeys(r["scenario"] for r in records):
         runs = [r for r in records if r["scenario"] == name]
         good = [r for r in runs if r.get("ok")]
-        entry: dict[str, Any] = {"runs": len(runs), "ok": len(good)}
+        entry: dict[str, Any] = {
+            "runs": len(runs),
+            "ok": len(good),
+            "unplanned_restarts": sum(int(r.get("unplanned_restarts") or 0) for r in runs),
+        }
         keys = ("detection_s", "mttr_s", "resume_s", "regain_s", "load_s", "steps_recomputed")
         for key in (*keys, "launch_to_first_step_s"):
             entry[key] = spread([r[key] for r in good if r.get(key) is not None])

@@ -53,6 +53,7 @@ def recovery_section(res: dict[str, Any]) -> str:
             [
                 f"`{name}`",
                 f"{s['ok']}/{s['runs']}",
+                str(s.get("unplanned_restarts", "-")),
                 ", ".join(k for k, _ in by.most_common()) or "-",
                 fmt_spread(s.get("detection_s")),
                 fmt_spread(s.get("mttr_s")),
@@ -64,6 +65,7 @@ def recovery_section(res: dict[str, Any]) -> str:
     header = [
         "scenario",
         "ok",
+        "unplanned restarts",
         "detected by",
         "detection",
         "MTTR",
@@ -82,7 +84,8 @@ def recovery_section(res: dict[str, Any]) -> str:
         "the whole pod with the node-local checkpoints deleted, as on new nodes; it includes no "
         "scheduling or node replacement. *detected by*: what noticed the fault first (a hang is noticed "
         "by the healthy peer's collective timeout, before the Wrapper's soft timeout or the launcher's "
-        "heartbeat timeout).",
+        "heartbeat timeout). *unplanned restarts*: recoveries nobody injected, over all runs of the "
+        "scenario (a collective that timed out with no fault; tier 1 recovered them).",
         "",
         md_table(header, rows),
         "",
@@ -210,9 +213,9 @@ def planner_section(res: dict[str, Any]) -> str:
         runs = res["recovery_runs"]
         diffs = sorted(abs(float(r["difference_pp"])) for r in runs)
         text += [
-            f"Validation on the {len(runs)} recovery runs above: the planner, fed each run's own measured "
-            "step time, stall, fault rate, tier and MTTR (plus its measured start-up and tail, which the "
-            "model does not cover), predicts its training efficiency within "
+            f"Validation on the {len(runs)} recovery runs above without unplanned restarts: the planner, "
+            "fed each run's own measured step time, stall, fault rate, tier and MTTR (plus its measured "
+            "start-up and tail, which the model does not cover), predicts its training efficiency within "
             f"{diffs[len(diffs) // 2]:.1f} pp (median) and {diffs[-1]:.1f} pp (worst). These runs have one "
             "fault each, so the recompute is one draw, not the model's average.",
             "",

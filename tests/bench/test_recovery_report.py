@@ -73,6 +73,7 @@ def test_measure_reads_detection_resume_mttr_and_phases(tmp_path):
     assert rec["mttr_s"] == pytest.approx(4.0)  # trainer.metrics agrees
     assert rec["regain_s"] == pytest.approx(6.0)  # steps 3 and 4 are recomputed, step 5 starts at 12
     assert rec["steps_recomputed"] == 2
+    assert rec["unplanned_restarts"] == 0
     assert rec["phases"] == pytest.approx(
         {"detect": 0.5, "restart": 1.5, "init": 0.5, "load": 0.5, "first_step": 1.0}
     )
@@ -166,7 +167,7 @@ def test_report_builds_tables_and_plots_from_results(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{report.START}\n{report.END}\n")
     body = report.write(results, readme)
-    assert "| `exception/tier1` | 3/3 | - | 2.00 s (1.50-3.00) | 2.00 s (1.50-3.00) | - |" in body
+    assert "| `exception/tier1` | 3/3 | - | - | 2.00 s (1.50-3.00) | 2.00 s (1.50-3.00) | - |" in body
     assert "| `hang/tier2` | 2/3 |" in body
     assert "| 5 | 5 | 4.50 s (4.00-5.00) | - | 4 MiB (4-5) | 4 MiB (4-5) | 57 MiB |" in body
     assert (results / "synth.png").is_file()
