@@ -414,6 +414,10 @@ def main(cfg: TrainConfig) -> int:
         trainer.events.emit("run_end", step=trainer.last_step, status="failed")
 
     install_termination_handler(on_terminate)
+    # Connect to the rank monitor before the first process group, model build and checkpoint load: the
+    # launcher watches a rank only once it is connected, and its initial heartbeat timeout is what
+    # catches a rank that hangs while starting (start() is idempotent; the loop calls it again).
+    trainer.heartbeat.start()
     try:
         if cfg.inprocess:
             from trainer.resilience.inprocess import run_inprocess
