@@ -109,3 +109,15 @@ app.kubernetes.io/component: trainer
 {{- $selector := merge (dict "node.kubernetes.io/instance-type" .Values.instanceType) .Values.nodeSelector }}
 {{- toYaml $selector }}
 {{- end }}
+
+{{/*
+Pod replacements allowed over all indexes: podRetriesTotal, or nodes x podRetriesPerIndex when null.
+Takes .Values as its context.
+*/}}
+{{- define "trainer.podRetriesTotal" -}}
+{{- if kindIs "invalid" .podRetriesTotal -}}
+{{- mul (int .nodes) (int .podRetriesPerIndex) -}}
+{{- else -}}
+{{- int .podRetriesTotal -}}
+{{- end -}}
+{{- end }}

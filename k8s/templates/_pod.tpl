@@ -15,6 +15,8 @@ the local demo can run the very same argv after swapping the env entries that na
 - --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }}
 - --max-restarts={{ int $v.maxRestarts }}
 - --monitor-interval={{ $v.monitorInterval }}
+- --workers-stop-timeout={{ int $v.workersStopTimeout }}
+- --term-timeout={{ max 1 (sub (int $v.terminationGracePeriodSeconds) 10) }}
 - --ft-restart-policy=any-failed
 - --ft-rank-heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
 - --ft-initial-rank-heartbeat-timeout={{ $v.ftInitialRankHeartbeatTimeout }}
@@ -272,7 +274,9 @@ spec:
 completionMode: Indexed
 completions: {{ int $v.nodes }}
 parallelism: {{ int $v.nodes }}
-backoffLimit: {{ int $v.podRetriesTotal }}
+{{- /* Losing pod 0 (the rendezvous store's host) makes every other pod exit 1, each counting against
+its index: the default total therefore scales with the node count. */}}
+backoffLimit: {{ include "trainer.podRetriesTotal" $v }}
 backoffLimitPerIndex: {{ int $v.podRetriesPerIndex }}
 {{- /* One index out of retries fails the run: training needs every node. */}}
 maxFailedIndexes: 0

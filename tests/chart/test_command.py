@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.chart.helm import by_kind, env_of, render, trainer_container
+from tools.podspec import expand
 
 CONTRACT_ENV = (
     "NNODES",
@@ -20,13 +21,6 @@ CONTRACT_ENV = (
     "LOCAL_CHECKPOINT_DIR",
     "OUT_DIR",
 )
-
-
-def expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes `$(VAR)` expansion (enough for these tests: the chart never writes `$$`)."""
-    for name, value in env.items():
-        text = text.replace(f"$({name})", value)
-    return text
 
 
 def pod_argv(values: dict[str, Any] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -88,10 +82,21 @@ def test_ft_launcher_accepts_the_rendered_flags(monkeypatch: pytest.MonkeyPatch)
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else config_from_args sets it in this process for good
-    values = {"nodes": 3, "gpusPerNode": 8, "maxRestarts": 7, "ftRankHeartbeatTimeout": 700}
+    values = {
+        "nodes": 3,
+        "gpusPerNode": 8,
+        "maxRestarts": 7,
+        "ftRankHeartbeatTimeout": 700,
+        "workersStopTimeout": 12,
+        "terminationGracePeriodSeconds": 90,
+    }
     argv, env = pod_argv(values)
     launcher_flags, trainer_flags = split(argv)
     args = launcher.get_args_parser().parse_args([*argv[1:]])
+    # A wedged rank delays a restart by at most workersStopTimeout; forwarded SIGTERMs escalate to SIGKILL
+    # before the kubelet's grace period ends.
+    assert float(args.workers_stop_timeout) == 12
+    assert float(args.term_timeout) == 80
     config, _cmd, cmd_args = launcher.config_from_args(args)
     assert (config.min_nodes, config.max_nodes, config.nproc_per_node) == (3, 3, 8)
     assert config.rdzv_endpoint == env["RDZV_ENDPOINT"]

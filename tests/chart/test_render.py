@@ -121,6 +121,13 @@ def test_indexed_job_and_headless_service() -> None:
     assert "app.kubernetes.io/version" not in svc["spec"]["selector"]
 
 
+@pytest.mark.parametrize(("nodes", "per_index", "expected"), [(2, 3, 6), (16, 3, 48), (8, 1, 8)])
+def test_total_pod_retries_scale_with_nodes_by_default(nodes: int, per_index: int, expected: int) -> None:
+    # Losing pod 0 (the rendezvous host) fails every other pod once: a fixed total would end big jobs.
+    (job,) = by_kind(render({"nodes": nodes, "podRetriesPerIndex": per_index}), "Job")
+    assert job["spec"]["backoffLimit"] == expected
+
+
 def test_failure_policy_leaves_restarts_to_ft_launcher_and_replaces_lost_pods() -> None:
     (job,) = by_kind(render({"podRetriesPerIndex": 2, "podRetriesTotal": 5}), "Job")
     spec = job["spec"]
