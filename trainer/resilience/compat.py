@@ -22,9 +22,10 @@ function here is a pass-through (or adds nothing), so the GPU path is NVRx as sh
    0.7.x has `warmup_persistent_caller`. -> `prewarm` starts it with a no-op request on both.
 7. `maybe_finalize_async_calls` returns the `call_idx` field of the stored request, which is never set
    (always 0) in both versions. -> `poll_pending` returns how many calls are still unfinished instead.
-8. When the trainer is SIGKILLed (tier-2 faults do exactly that), the worker and the write-results
-   Manager process it started live on as orphans, blocked forever. -> the warm-up request installs a
-   watchdog thread in the worker that kills both once the trainer is gone. (Not CPU-specific.)
+8. When the trainer is SIGKILLed (tier-2 faults do exactly that), the worker, its forked writers and the
+   write-results Manager live on as orphans, blocked forever. -> the warm-up request installs a watchdog
+   thread in the worker that kills all of them once the trainer is gone, and `abort_queue` kills the
+   worker's writers with it. (Not CPU-specific.)
 
 Only these NVRx names are used, all present in 0.4.1 and 0.7.0: AsyncCallsQueue(persistent=...),
 .schedule_async_request, .maybe_finalize_async_calls(blocking, no_dist), .get_num_unfinalized_calls,
@@ -107,6 +108,10 @@ def abort_queue(queue: Any, timeout_s: float = 1.0) -> None:
     """
     proc = worker_process(queue)
     if proc is not None and proc.is_alive():
+        # 0.4.1's worker forks one writer process per file; orphaned, those block forever on queues.
+        for child in _children(proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
         proc.kill()
         proc.join(timeout_s)
     caller = getattr(queue, "persistent_caller", None)
@@ -136,14 +141,44 @@ def write_results_or_raise(writer: Any) -> list[Any]:
     return list(results)
 
 
+def _children(pid: int) -> list[int]:
+    """All descendants of a process (psutil ships with NVRx)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+class _AfterFork:
+    """Anchor for multiprocessing's after-fork hook (it holds its owner weakly)."""
+
+
+_AFTER_FORK = _AfterFork()
+
+
+def _die_with_parent(_: object) -> None:
+    """In a process forked by the worker (0.4.1's per-file writers): get SIGKILL when the worker dies."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+
+
 def _watch_trainer(trainer_pid: int, also_kill: list[int]) -> None:
     """Runs in the worker (the warm-up request's target): exit, taking `also_kill` along, once the
-    trainer process is gone. Importable by name, so the spawned worker can unpickle it."""
+    trainer process is gone; writers the worker forks die with it. Importable by name, so the spawned
+    worker can unpickle it. (Not PR_SET_PDEATHSIG for the worker itself: it fires when the *thread* that
+    started the worker ends, and a short-lived thread starts it.)"""
+    import multiprocessing.util
+
+    multiprocessing.util.register_after_fork(_AFTER_FORK, _die_with_parent)
 
     def watch() -> None:
         while os.getppid() == trainer_pid:
             time.sleep(0.5)
-        for pid in also_kill:
+        for pid in [*_children(os.getpid()), *also_kill]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         os._exit(1)
