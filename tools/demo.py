@@ -30,7 +30,7 @@ import yaml
 from bench.planner import predict_from_summary
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
-from tools.podspec import PodTemplate, load_manifests, trainer_pod
+from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
 
@@ -125,20 +125,18 @@ def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
 
 
 # -- 3. run --------------------------------------------------------------------------------------
-def local_env(pod: PodTemplate, out: Path, index: int, rdzv_port: int) -> dict[str, str]:
-    """The pod's env with cluster places swapped for local ones (the only changes the demo makes)."""
-    env = dict(pod.trainer.env)
+def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> dict[str, str]:
+    """A container's env with cluster places swapped for local ones (the only changes the demo makes)."""
     fsx = out / "fsx"
-    env.update(
-        {
-            "RDZV_ENDPOINT": f"127.0.0.1:{rdzv_port}",
-            "DATA_PATH": str(fsx / "data" / Path(env["DATA_PATH"]).name),
-            "CHECKPOINT_DIR": str(fsx / "checkpoints"),
-            "LOCAL_CHECKPOINT_DIR": str(out / f"nvme-node{index}" / "checkpoints"),
-            "OUT_DIR": str(fsx / "runs"),
-            "JOB_COMPLETION_INDEX": str(index),
-        }
-    )
+    local = {
+        "RDZV_ENDPOINT": f"127.0.0.1:{rdzv_port}",
+        "DATA_PATH": str(fsx / "data" / Path(container.env.get("DATA_PATH", "tokens.npy")).name),
+        "CHECKPOINT_DIR": str(fsx / "checkpoints"),
+        "LOCAL_CHECKPOINT_DIR": str(out / f"nvme-node{index}" / "checkpoints"),
+        "OUT_DIR": str(fsx / "runs"),
+    }
+    env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
+    env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job
     return env
 
 
@@ -151,10 +149,10 @@ def process_env(pod_env: dict[str, str]) -> dict[str, str]:
 
 
 def run_init_containers(pod: PodTemplate, out: Path, rdzv_port: int) -> None:
+    """Pod 0's init containers, in order (the other pods' would find the data written and the same
+    config checked, so running them once keeps the demo short without skipping a step)."""
     for container in pod.init_containers:
-        env = local_env(pod, out, 0, rdzv_port)
-        env = {**env, **{k: v for k, v in container.env.items() if k not in env}}
-        env["DATA_PATH"] = local_env(pod, out, 0, rdzv_port)["DATA_PATH"]
+        env = local_env(container, out, 0, rdzv_port)
         started = time.monotonic()
         proc = subprocess.run(
             container.resolved_argv(env),
@@ -206,7 +204,7 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
     nnodes = int(pod.trainer.env["NNODES"])
     specs = []
     for index in range(nnodes):
-        env = local_env(pod, out, index, rdzv_port)
+        env = local_env(pod.trainer, out, index, rdzv_port)
         specs.append(
             PodSpec(
                 f"{pod.job_name}-{index}",

@@ -16,11 +16,15 @@ from trainer.config import ConfigError, config_from_args
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for a configuration error, before any process group)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = config_from_args(argv)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    if "--check-config" in argv:
+        print(f"config ok: preset {cfg.preset}, {cfg.steps} steps, data {cfg.data_path}")
+        return 0
     logging.basicConfig(
         level=os.environ.get("TRAINER_LOG_LEVEL", "WARNING"),
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s %(levelname)s %(message)s",

@@ -213,6 +213,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available"
     )
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the configuration and exit: 0 when valid, 2 naming the bad field (the chart runs "
+        "this as an init container, because ft_launcher would retry a bad config instead of failing)",
+    )
     return p
 
 

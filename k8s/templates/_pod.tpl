@@ -23,6 +23,12 @@ the local demo can run the very same argv after swapping the env entries that na
 - --ft-workload-check-interval={{ $v.ftWorkloadCheckInterval }}
 - -m
 - trainer
+{{ include "trainer.trainerArgs" . }}
+{{- end }}
+
+{{/* The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. */}}
+{{- define "trainer.trainerArgs" -}}
+{{- $v := .Values -}}
 - --data-path=$(DATA_PATH)
 - --ckpt-dir=$(CHECKPOINT_DIR)
 - --ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)
@@ -194,8 +200,8 @@ spec:
   affinity:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- if gt (int $v.syntheticTokens) 0 }}
   initContainers:
+  {{- if gt (int $v.syntheticTokens) 0 }}
     {{- /* Pod 0 writes the token file under a temporary name and renames it (atomic on Lustre), so
          the others never map a half-written file; they wait for the name to appear. */}}
     - name: synthetic-data
@@ -227,6 +233,26 @@ spec:
         - name: fsx
           mountPath: {{ $v.storage.mountPath }}
   {{- end }}
+    {{- /* ft_launcher hides a worker's exit code (it retries, then exits 1), so a configuration that
+         no restart can fix is caught here, where exit code 2 reaches the Job's FailJob rule. */}}
+    - name: check-config
+      image: {{ include "trainer.image" . }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command: [python, -m, trainer]
+      args:
+        {{- include "trainer.trainerArgs" . | nindent 8 }}
+        - --check-config
+      env:
+        {{- include "trainer.env" . | nindent 8 }}
+      {{- /* The same devices as the trainer (it checks that the GPUs it asks for are visible); an init
+           container's requests are not added to the pod's, the larger of the two counts. */}}
+      resources:
+        {{- include "trainer.resources" . | nindent 8 }}
+      securityContext:
+        {{- include "trainer.containerSecurityContext" . | nindent 8 }}
+      volumeMounts:
+        - name: fsx
+          mountPath: {{ $v.storage.mountPath }}
   containers:
     - name: trainer
       image: {{ include "trainer.image" . }}
@@ -290,9 +316,9 @@ podFailurePolicy:
         - type: DisruptionTarget
           status: "True"
     {{- with $v.failJobExitCodes }}
+    {{- /* No containerName: the rule covers the check-config init container too. */}}
     - action: FailJob
       onExitCodes:
-        containerName: trainer
         operator: In
         values:
           {{- range . }}

@@ -250,10 +250,48 @@ def test_contract_1_values_reach_the_pods() -> None:
 
 def test_synthetic_data_init_container_matches_the_preset_vocabulary() -> None:
     pod = by_kind(render({"syntheticTokens": 5000, "preset": "small"}), "Job")[0]["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]
+    init, check = pod["initContainers"]  # data first: the config check looks for the data file
+    assert (init["name"], check["name"]) == ("synthetic-data", "check-config")
     script = init["args"][0]
     assert "python -m trainer.data" in script and "--tokens 5000" in script and "--vocab 32000" in script
-    assert "initContainers" not in by_kind(render(), "Job")[0]["spec"]["template"]["spec"]
+    without = by_kind(render(), "Job")[0]["spec"]["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in without] == ["check-config"]
+
+
+def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path) -> None:
+    """ft_launcher hides a worker's exit code 2, so the config is checked before it, with the same flags;
+    the FailJob rule (no containerName) then covers this init container."""
+    import subprocess
+    import sys
+
+    job = by_kind(render(), "Job")[0]
+    pod = job["spec"]["template"]["spec"]
+    check = pod["initContainers"][-1]
+    trainer = trainer_container(render())
+    assert check["command"] == ["python", "-m", "trainer"]
+    assert check["args"][-1] == "--check-config"
+    assert check["args"][:-1] == split(trainer["command"] + trainer["args"])[1]
+    assert check["resources"] == trainer["resources"]
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert any(r["action"] == "FailJob" and "containerName" not in r["onExitCodes"] for r in rules)
+
+    def run_check(values: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        data = tmp_path / "tokens.npy"
+        np.save(data, np.zeros(4096, dtype=np.uint16))
+        container = by_kind(render({**values, "dataPath": str(data), "device": "cpu"}), "Job")[0]
+        check = container["spec"]["template"]["spec"]["initContainers"][-1]
+        env = env_of(check)
+        argv = [expand(a, env) for a in check["args"]]
+        return subprocess.run(
+            [sys.executable, "-m", "trainer", *argv], capture_output=True, text=True, check=False, timeout=120
+        )
+
+    ok = run_check({"preset": "tiny", "seqLen": 128})
+    assert ok.returncode == 0, ok.stderr
+    assert "config ok" in ok.stdout
+    bad = run_check({"preset": "tiny", "seqLen": 100000})
+    assert bad.returncode == 2
+    assert "seq_len" in bad.stderr
 
 
 def test_preset_vocabularies_mirror_the_trainer() -> None:

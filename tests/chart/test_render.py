@@ -138,7 +138,8 @@ def test_failure_policy_leaves_restarts_to_ft_launcher_and_replaces_lost_pods() 
     ignore, fail_job = spec["podFailurePolicy"]["rules"]
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
     assert fail_job["action"] == "FailJob"
-    assert fail_job["onExitCodes"] == {"containerName": "trainer", "operator": "In", "values": [2, 93]}
+    # No containerName: exit code 2 of the check-config init container fails the Job too.
+    assert fail_job["onExitCodes"] == {"operator": "In", "values": [2, 93]}
     assert spec["suspend"] is False
     assert spec["template"]["spec"]["automountServiceAccountToken"] is False
     (suspended,) = by_kind(render({"suspend": True}), "Job")
