@@ -477,10 +477,12 @@ def _rate(args: argparse.Namespace) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.split("\n")[0])
-    p.add_argument("--nodes", type=int, default=2048)
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--nodes", type=int, default=2048, help="nodes in the job (default 2048)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     rate = p.add_mutually_exclusive_group()
-    rate.add_argument("--profile", default="llama3-405b", help=f"one of {sorted(PROFILES)}")
+    rate.add_argument(
+        "--profile", default="llama3-405b", help=f"named failure rate, one of {sorted(PROFILES)}"
+    )
     rate.add_argument("--rate-per-gpu-hour", type=float, default=None, help="faults per GPU-hour")
     p.add_argument(
         "--tier", action="append", default=None, help="NAME:share=S:mttr=SEC[:rollback=checkpoint|memory]"
