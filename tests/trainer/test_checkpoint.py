@@ -4,7 +4,6 @@ checkpoints skipped with a reason, failing or dead background writers surfacing 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -45,9 +44,11 @@ class Counter:
 
 
 @pytest.fixture
-def one_rank() -> Iterator[Any]:
+def one_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A 1-rank gloo default group in this process and a 1-device CPU mesh."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # monkeypatch restores the environment: a leaked MASTER_ADDR would change later tests' subprocesses.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
         yield init_device_mesh("cpu", (1,))
