@@ -284,7 +284,7 @@ def report(run_dir: Path, out: Path, job_ok: bool) -> dict[str, Any]:
                 "mttr_s": f["mttr_s"],
                 "detection_s": f["detection_s"],
                 "step": f["step"],
-                "rank": f["rank"],
+                "ranks": f["ranks"],
                 "steps_recomputed": f["steps_recomputed"],
             }
             for f in summary["faults"]
@@ -311,8 +311,9 @@ def print_report(r: dict[str, Any], out: Path) -> None:
     ]
     for f in r["faults"]:
         status = "recovered" if f["recovered"] else "NOT RECOVERED"
+        ranks = ",".join(str(r) for r in sorted(f["ranks"]))
         lines.append(
-            f"  {f['type']:<10} step {f['step']:<3} rank {f['rank']}  "
+            f"  {f['type']:<10} step {f['step']:<3} rank{'s' if len(f['ranks']) > 1 else ''} {ranks:<4} "
             f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
             f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
         )

@@ -184,6 +184,7 @@ def _fault_report(
         "type": fault["fault"],
         "step": fault["step"],
         "rank": fault["rank"],
+        "ranks": fault.get("ranks", [fault["rank"]]),
         "t": t_fault,
         "tier": tier,
         "detection_s": float(detected["t"]) - t_fault if detected is not None else None,
@@ -194,6 +195,23 @@ def _fault_report(
         "time_to_new_progress_s": float(progress["t_start"]) - t_fault if progress is not None else None,
         "recovered": bool(after),
     }
+
+
+def _merge_reports(injected: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One fault can be reported by several ranks (node-loss fires on every rank of the node): reports of
+    the same kind and step with no completed step between them are one fault, timed by its first report."""
+    merged: list[dict[str, Any]] = []
+    for report in injected:
+        last = merged[-1] if merged else None
+        if (
+            last is not None
+            and (last["fault"], last["step"]) == (report["fault"], report["step"])
+            and not any(float(last["t"]) < float(s["t_end"]) <= float(report["t"]) for s in steps)
+        ):
+            last["ranks"].append(int(report["rank"]))
+            continue
+        merged.append({**report, "ranks": [int(report["rank"])]})
+    return merged
 
 
 def summarize(out_dir: str | Path) -> dict[str, Any]:
@@ -235,7 +253,7 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
     commits = [e for e in by_ev.get("ckpt_commit", []) if int(e["rank"]) == 0]
 
     restores = [e for e in by_ev.get("restore", []) if int(e["rank"]) == 0] or by_ev.get("restore", [])
-    faults = by_ev.get("fault_injected", [])
+    faults = _merge_reports(by_ev.get("fault_injected", []), steps)
     fault_reports = []
     for i, fault in enumerate(faults):
         next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf

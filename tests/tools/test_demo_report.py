@@ -67,6 +67,7 @@ def test_report_writes_json_with_the_faults_and_a_timeline(tmp_path: Path) -> No
     assert written["steps_recomputed"] == 2
     assert 0.0 < written["training_efficiency"] < 1.0
     [fault] = written["faults"]
+    assert fault["ranks"] == [1]
     assert fault["type"] == "exception" and fault["tier"] == 1 and fault["recovered"] is True
     assert abs(fault["mttr_s"] - 0.6) < 1e-6  # injected 0.1 s into step 6, training again 0.7 s after step 5
     assert abs(fault["detection_s"] - 0.2) < 1e-6

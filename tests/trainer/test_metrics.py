@@ -119,6 +119,26 @@ def test_tier_is_inferred_when_no_rank_reported_the_fault(tmp_path: Path) -> Non
     assert summarize(tmp_path)["status"] == "unknown"
 
 
+def test_a_lost_node_reported_by_each_of_its_ranks_is_one_fault(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "events.rank0.jsonl",
+        [_step(1, 1.0, 2.0), _step(2, 6.5, 7.0, restart=1), _step(3, 8.0, 9.0, restart=1)],
+    )
+    _write(tmp_path / "events.rank2.jsonl", [_ev("fault_injected", 2.51, rank=2, fault="node-loss", step=2)])
+    _write(
+        tmp_path / "events.rank3.jsonl",
+        [
+            _ev("fault_injected", 2.50, rank=3, fault="node-loss", step=2),
+            # The same kind and step again after training went on: a second fault, not a duplicate.
+            _ev("fault_injected", 7.5, rank=3, fault="node-loss", step=2),
+        ],
+    )
+    first, second = summarize(tmp_path)["faults"]
+    assert first["ranks"] == [3, 2] and first["t"] == pytest.approx(2.50)
+    assert first["mttr_s"] == pytest.approx(4.0)
+    assert second["ranks"] == [3] and second["t"] == pytest.approx(7.5)
+
+
 def test_unrecovered_fault(tmp_path: Path) -> None:
     _write(
         tmp_path / "events.rank0.jsonl",
