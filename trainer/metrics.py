@@ -198,13 +198,15 @@ def _fault_report(
 
 
 def _merge_reports(injected: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One fault can be reported by several ranks (node-loss fires on every rank of the node): reports of
-    the same kind and step with no completed step between them are one fault, timed by its first report."""
+    """A node-loss fault fires on every rank of the node, and each reports it: consecutive node-loss reports
+    of the same step with no completed step between them are one fault, timed by its first report. (Other
+    kinds fire on one rank per spec: two specs at the same step stay two faults.)"""
     merged: list[dict[str, Any]] = []
     for report in injected:
         last = merged[-1] if merged else None
         if (
             last is not None
+            and report["fault"] == "node-loss"
             and (last["fault"], last["step"]) == (report["fault"], report["step"])
             and not any(float(last["t"]) < float(s["t_end"]) <= float(report["t"]) for s in steps)
         ):

@@ -12,7 +12,20 @@ from bench import recovery
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_full_restart_scenario_recovers_and_is_measured(tmp_path):
-    cfg = replace(recovery.RecoveryConfig(), steps=12, fault_step=7, ckpt_interval=3, run_timeout_s=240)
+    # Generous timeouts: a full restart is detected by the pod's exit, not by a timeout, and on a loaded
+    # 2-core machine a healthy rank can wait over 8 s for a slow peer's checkpoint write (a false fault).
+    cfg = replace(
+        recovery.RecoveryConfig(),
+        steps=12,
+        fault_step=7,
+        ckpt_interval=3,
+        run_timeout_s=240,
+        collective_timeout=30.0,
+        inprocess_soft_timeout=40.0,
+        inprocess_hard_timeout=50.0,
+        inprocess_barrier_timeout=60.0,
+        heartbeat_timeout=90.0,
+    )
     result = recovery.run(["exception/full"], 1, tmp_path, cfg, log=lambda _msg: None)
     rec = result["runs"][0]
     assert rec["ok"], rec

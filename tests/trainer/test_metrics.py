@@ -135,8 +135,18 @@ def test_a_lost_node_reported_by_each_of_its_ranks_is_one_fault(tmp_path: Path) 
     )
     first, second = summarize(tmp_path)["faults"]
     assert first["ranks"] == [3, 2] and first["t"] == pytest.approx(2.50)
+    assert first["type"] == "node-loss"
     assert first["mttr_s"] == pytest.approx(4.0)
     assert second["ranks"] == [3] and second["t"] == pytest.approx(7.5)
+
+
+def test_two_faults_at_the_same_step_on_two_ranks_stay_two(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "events.rank0.jsonl",
+        [_step(1, 1.0, 2.0), _ev("fault_injected", 2.5, fault="hang", step=2)],
+    )
+    _write(tmp_path / "events.rank1.jsonl", [_ev("fault_injected", 2.6, rank=1, fault="hang", step=2)])
+    assert [f["ranks"] for f in summarize(tmp_path)["faults"]] == [[0], [1]]
 
 
 def test_unrecovered_fault(tmp_path: Path) -> None:
