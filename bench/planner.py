@@ -320,14 +320,16 @@ def plan_from_summary(
 
 
 def incidents(faults: Sequence[dict[str, Any]], window_s: float = 5.0) -> list[dict[str, Any]]:
-    """Merge fault reports that are one incident: a node loss makes every rank of the node report
-    the same fault at the same step. Reports of the same type and step within ``window_s`` of the
-    first become one, keeping the first (its MTTR runs from the earliest fault)."""
+    """Merge fault reports that are one incident: a node loss makes every rank of the node report it.
+    Node-loss reports of the same step within ``window_s`` of the first become one, keeping the first
+    (its MTTR runs from the earliest report). trainer.metrics' summary already merges them; this keeps
+    older summaries right. Other kinds fire once per spec, so two reports are two faults."""
     merged: list[dict[str, Any]] = []
     for f in sorted(faults, key=lambda f: float(f.get("t") or 0.0)):
         prev = merged[-1] if merged else None
         if (
             prev is not None
+            and f.get("type") == "node-loss"
             and prev.get("type") == f.get("type")
             and prev.get("step") == f.get("step")
             and abs(float(f.get("t") or 0.0) - float(prev.get("t") or 0.0)) <= window_s

@@ -245,12 +245,16 @@ def test_a_node_loss_reported_by_each_rank_is_one_incident():
         {"type": "node-loss", "step": 37, "t": 200.0, "tier": 2, "mttr_s": 31.0},
         {"type": "node-loss", "step": 37, "t": 200.2, "tier": 2, "mttr_s": 30.8},
         {"type": "node-loss", "step": 37, "t": 400.0, "tier": 2, "mttr_s": 20.0},  # a second, later loss
+        {"type": "exception", "step": 50, "t": 500.0, "tier": 1, "mttr_s": 1.0},  # two specs, one step:
+        {"type": "exception", "step": 50, "t": 500.1, "tier": 1, "mttr_s": 1.0},  # two faults
     ]
     merged = planner.incidents(faults)
     assert [(f["type"], f["t"]) for f in merged] == [
         ("exception", 100.0),
         ("node-loss", 200.0),
         ("node-loss", 400.0),
+        ("exception", 500.0),
+        ("exception", 500.1),
     ]
     plan = planner.plan_from_summary(_summary(faults), ckpt_interval_steps=10)
-    assert {t.name: round(t.share, 3) for t in plan.tiers} == {"tier1": 0.333, "tier2": 0.667}
+    assert {t.name: round(t.share, 3) for t in plan.tiers} == {"tier1": 0.6, "tier2": 0.4}
