@@ -13,7 +13,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup synth test test-fast lint demo bench smoke-render cluster-smoke clean
+.PHONY: help setup synth test test-fast lint demo bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-
 
 bench: setup ## Benchmarks: recovery, checkpoint stall, synth scaling (~20 min); results in bench/results/
 	$(PY) -m bench
+
+bench-quick: setup ## A short benchmark pass (~5 min): fewer scenarios, one repetition
+	$(PY) -m bench --quick
 
 smoke-render: setup ## Render the cluster smoke release's manifests (no cluster needed) to out/smoke/manifests.yaml
 	@mkdir -p out/smoke
