@@ -6,7 +6,8 @@ DCP `.metadata`. The cross-rank agreement and the commit are the manager's.
 
 - sync:        dcp.save. Everything, including `.metadata`, is written before start() returns.
 - torch-async: dcp.async_save. Staging (a CPU copy) in start(); writing, planning and `.metadata` in a
-               background thread of this process, on the manager's own gloo group.
+               background thread of this process, on a gloo group of its own (not the manager's
+               coordination group, which the main thread uses at the same time).
 - nvrx:        NVRx's FileSystemWriterAsync and persistent worker process. start() stages a CPU snapshot
                and plans (a collective); the worker writes; rank 0 writes `.metadata` at commit.
 """

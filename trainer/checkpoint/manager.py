@@ -104,6 +104,13 @@ class CheckpointManager:
         self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
         )
+        # The writer gets a group of its own: torch-async runs DCP's collectives (planning, metadata) in a
+        # background thread, and two threads issuing collectives on one gloo group pair them up in a
+        # different order on different ranks (a finalize all_reduce met a peer's planning gather and both
+        # timed out, with no fault at all).
+        self._write_pg: dist.ProcessGroup | None = dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
+        )
         self._backend = make_backend(cfg.mode, cfg.write_timeout_s)
         self._pending: _Pending | None = None
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc")
@@ -133,7 +140,7 @@ class CheckpointManager:
         sd = build_save_dict(state, self.rank)
         nbytes = tensor_bytes(sd)
         try:
-            token = self._backend.start(sd, tmp, self._group())
+            token = self._backend.start(sd, tmp, self._writer_group())
         except CheckpointWriteError:
             self._backend.abort()
             if self.rank == 0:
@@ -323,12 +330,15 @@ class CheckpointManager:
             self._backend.abort()
         self._backend.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
-        if self._pg is not None and self._owns_pg:
+        groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])
+        for group in groups:
+            if group is None:
+                continue
             try:
-                dist.destroy_process_group(self._pg)
+                dist.destroy_process_group(group)
             except Exception as exc:  # the default group may be gone already
-                log.debug("destroying the checkpoint group: %s", exc)
-        self._pg = None
+                log.debug("destroying a checkpoint group: %s", exc)
+        self._pg = self._write_pg = None
         log.debug("checkpoint manager closed in %.3f s", time.perf_counter() - t0)
 
     # ---------------------------------------------------------------------------------------- helpers
@@ -336,6 +346,11 @@ class CheckpointManager:
         if self._pg is None:
             raise RuntimeError("CheckpointManager is closed")
         return self._pg
+
+    def _writer_group(self) -> dist.ProcessGroup:
+        if self._write_pg is None:
+            raise RuntimeError("CheckpointManager is closed")
+        return self._write_pg
 
     def _global_rank0(self) -> int:
         return dist.get_global_rank(self._group(), 0)
