@@ -372,12 +372,43 @@ class Trainer:
             # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
             # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
             self.caught = (time.time(), _reason(exc))
-            # The traceback's finished frames hold the model (and so the process group): clear them
-            # before the teardown, or gloo keeps its sockets and the peers stay blocked until the
-            # collective timeout.
-            traceback.clear_frames(exc.__traceback__)
-            session.teardown()
+            # The traceback's frames hold the model (and so the process group): drop them before the
+            # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.
+            _drop_frames(exc)
+            try:
+                session.teardown()
+            except BaseException as again:  # the Wrapper's asynchronous RankShouldRestart landed in it
+                _drop_frames(again)
+                session.teardown()  # a half-done teardown keeps the sockets open: finish it
+                raise
             raise
+
+
+def _drop_frames(exc: BaseException) -> None:
+    """Detach the tracebacks of `exc` and of the exceptions chained to it, keeping them as text (a note).
+
+    `frame.clear()` (traceback.clear_frames) drops a frame's locals but not the function it runs, and
+    `Module._call_impl`'s `inner` is a closure over the module: a collective that failed inside a forward
+    hook leaves a traceback that holds the whole FSDP model, so its process group. NVRx keeps the
+    exception (`state.fn_exception`) until after its iteration barrier; a peer blocked in a collective
+    with this rank (one not connected to the faulting rank) would then wait for the collective timeout.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        if tb is not None:
+            e.add_note(
+                "Traceback (frames dropped to release the process group):\n"
+                + "".join(traceback.format_tb(tb))
+            )
+            traceback.clear_frames(tb)
+            e.__traceback__ = None
+        pending += [e.__cause__, e.__context__]
 
 
 def _reason(exc: BaseException) -> str:

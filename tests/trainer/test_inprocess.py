@@ -45,10 +45,10 @@ def trainer_args(data: Path, out: Path, *extra: str, steps: int = STEPS) -> list
     ]  # fmt: skip
 
 
-def torchrun(max_restarts: int = 0) -> list[str]:
-    """torchrun for 2 local ranks; workers are restarted (all of them) up to max_restarts times."""
+def torchrun(max_restarts: int = 0, nproc: int = 2) -> list[str]:
+    """torchrun for `nproc` local ranks; workers are restarted (all of them) up to max_restarts times."""
     exe = str(Path(sys.executable).with_name("torchrun"))
-    return [exe, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+    return [exe, "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--max-restarts={max_restarts}",
             "--monitor-interval=0.2"]  # fmt: skip
 
@@ -134,6 +134,30 @@ def test_exception_recovers_in_process_with_the_same_pids(tmp_path: Path, token_
     (fault,) = summary["faults"]
     assert (fault["type"], fault["tier"], fault["recovered"]) == ("exception", 1, True)
     assert fault["restored_step"] == 2 and fault["steps_recomputed"] == 2
+
+
+@pytest.mark.slow
+def test_four_rank_exception_recovers_without_waiting_for_the_collective_timeout(
+    tmp_path: Path, token_file: Path
+) -> None:
+    # With 4 ranks, rank 3 may be blocked in a collective that involves only survivors (ring all-gather:
+    # it sends to 0 and receives from 2), so it is released only when the survivors' groups close their
+    # sockets; a survivor whose traceback still held the model kept them open for the whole timeout.
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    timeouts = ["--collective-timeout=20", "--inprocess-soft-timeout=25", "--inprocess-hard-timeout=30",
+                "--inprocess-barrier-timeout=40", "--heartbeat-timeout=60"]  # fmt: skip
+    fault = "--fault=exception:step=5:rank=1"
+    argv = [*torchrun(nproc=4), *trainer_args(token_file, out, "--inprocess", fault, *timeouts, steps=8)]
+    assert run_job(argv, log) == 0, log_tail(log)
+    evs = read_events(out)
+    (injected,) = of(evs, "fault_injected")
+    detected = {d["rank"]: d for d in of(evs, "fault_detected")}
+    assert sorted(detected) == [0, 1, 2, 3], log_tail(log)
+    for rank, d in detected.items():
+        assert (d["tier"], d["iteration"]) == (1, 1)
+        waited = d["t_caught"] - injected["t"]
+        assert waited < 10, f"rank {rank} caught the fault after {waited:.1f} s: {d['reason']}"
+    assert of(evs, "run_end", status="completed", step=7, rank=0)
 
 
 @pytest.mark.slow
