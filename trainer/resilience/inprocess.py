@@ -9,8 +9,10 @@ What this module adds to a plain Wrapper, and why:
   NCCL; a gloo peer blocked in a collective stays blocked until the gloo timeout. Measured here: gloo's
   `ProcessGroup.abort()` does not close its sockets, but destroying the group and dropping the last
   reference does, and a blocked peer then fails at once ("Connection closed by peer"). So the training
-  function tears its session down (see trainer/train.py) and clears the frames of the exception before
-  re-raising, and the abort here destroys every group from the monitor thread as a second line.
+  function detaches the tracebacks of the exception (and of those chained to it) before tearing its
+  session down and re-raising: a frame of `Module._call_impl`'s closure would otherwise keep the FSDP
+  model, so its groups, alive while NVRx holds the exception (see `_drop_frames` in trainer/train.py).
+  The abort here destroys every group from the monitor thread as a second line.
 * A rank assignment that never shrinks the world. A dead process is tier 2's job: continuing with fewer
   ranks would change the data layout and the sharding, so a terminated rank makes every survivor leave
   the Wrapper (RestartAbort) and ft_launcher restarts all workers.
