@@ -50,6 +50,7 @@ SUMMARY_MARKER = "RUN_SUMMARY "
 TRAINER_SELECTOR = "app.kubernetes.io/part-of=nvrx-eks-blueprint,app.kubernetes.io/component=trainer"
 
 # Contract 1 (docs/design.md): the values infra sets; the smoke run keeps them and overrides the rest.
+# `suspend` is left out on purpose: infra installs its release suspended, and a smoke run must start.
 CONTRACT_1_KEYS = (
     "image",
     "nodes",
