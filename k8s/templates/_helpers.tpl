@@ -93,18 +93,23 @@ infra/instance_types.py loads too, so chart and infra cannot disagree. */}}
 {{- end }}
 
 {{/*
-Pod 0's stable DNS name. The fully qualified name, not `<pod>.<service>`: pod 0 finds it in its own
+Pod 0's DNS name (the workload's name carries a digest of its spec, see _workload_name.tpl). The fully qualified name, not `<pod>.<service>`: pod 0 finds it in its own
 /etc/hosts (the kubelet writes the FQDN there when the pod has a subdomain), so ft_launcher on pod 0
 recognises itself as the rendezvous host without waiting for DNS; the other pods resolve it through the
 headless Service, which publishes not-ready addresses, and their store clients retry until pod 0 listens.
 */}}
 {{- define "trainer.rdzvHost" -}}
 {{- $fullname := include "trainer.fullname" . }}
-{{- $pod0 := printf "%s-0" $fullname }}
+{{- $workload := "digest" }}
+{{- if not .trainerDigesting }}{{ $workload = include "trainer.workloadName" . }}{{ end }}
+{{- $pod0 := printf "%s-0" $workload }}
+{{- $service := $fullname }}
 {{- if eq .Values.workload "jobset" }}
-{{- $pod0 = printf "%s-trainer-0-0" $fullname }}
+{{- /* The JobSet controller names its headless Service after the JobSet. */}}
+{{- $pod0 = printf "%s-trainer-0-0" $workload }}
+{{- $service = $workload }}
 {{- end }}
-{{- printf "%s.%s.%s.svc.%s" $pod0 $fullname .Release.Namespace .Values.clusterDomain }}
+{{- printf "%s.%s.%s.svc.%s" $pod0 $service .Release.Namespace .Values.clusterDomain }}
 {{- end }}
 
 {{/* Pod labels: selector labels, the component, and the user's podLabels. */}}

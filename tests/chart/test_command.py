@@ -65,10 +65,14 @@ def test_contract_2_command_shape() -> None:
 
 
 def test_env_names_cluster_places() -> None:
-    env = env_of(trainer_container(render({"nodes": 4, "gpusPerNode": 8, "rdzvPort": 29555}, release="r1")))
+    manifests = render({"nodes": 4, "gpusPerNode": 8, "rdzvPort": 29555}, release="r1")
+    env = env_of(trainer_container(manifests))
+    job = next(m for m in manifests if m["kind"] == "Job")["metadata"]["name"]
     assert env["NNODES"] == "4"
     assert env["NPROC_PER_NODE"] == "8"
-    assert env["RDZV_ENDPOINT"] == "r1-trainer-0.r1-trainer.team-a.svc.cluster.local:29555"
+    # Pod 0 of the Job (its name: the full name plus a digest of its spec) under the headless Service.
+    assert job.startswith("r1-trainer-")
+    assert env["RDZV_ENDPOINT"] == f"{job}-0.r1-trainer.team-a.svc.cluster.local:29555"
     assert env["JOB_ID"] == "r1-trainer"
     assert env["CHECKPOINT_DIR"] == "/fsx/checkpoints/r1-trainer"
     assert env["OUT_DIR"] == "/fsx/runs/r1-trainer"
