@@ -18,7 +18,11 @@ from infra.teams.errors import TeamsConfigError, describe, format_loc, one_line
 from infra.teams.team import TeamConfig, TeamsFile
 
 
-class _StrictLoader(yaml.SafeLoader):
+# libyaml's parser when PyYAML was built with it (several times faster), else the pure-Python one.
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_SafeLoader):  # type: ignore[misc, valid-type]
     """SafeLoader that refuses a key given twice in one mapping (merge keys `<<` still override)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:

@@ -38,7 +38,7 @@ class NetworkConfig(StrictModel):
     def _gpu_az_in_vpc(self) -> NetworkConfig:
         if self.gpu_availability_zone not in self.availability_zones:
             raise FieldError(
-                ("gpu_availability_zone",), f"{self.gpu_availability_zone} is not one of availability_zones"
+                ("gpu_availability_zone",), f"{self.gpu_availability_zone!r} is not one of availability_zones"
             )
         if self.nat_gateways > len(self.availability_zones):
             raise FieldError(("nat_gateways",), "more NAT gateways than availability zones")

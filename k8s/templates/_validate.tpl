@@ -132,10 +132,10 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- /* What the instance type has (instance-types.json, the table infra uses too). */}}
 {{- $facts := include "trainer.instanceFacts" . | fromJson }}
 {{- if gt (int $v.gpusPerNode) (int $facts.gpus) }}
-{{- fail (printf "gpusPerNode: %d is more than %s has (%d GPUs)" (int $v.gpusPerNode) $v.instanceType (int $facts.gpus)) }}
+{{- fail (printf "gpusPerNode: %d is more than instanceType %s has (%d GPUs)" (int $v.gpusPerNode) $v.instanceType (int $facts.gpus)) }}
 {{- end }}
 {{- if and (not (kindIs "invalid" $v.efaPerNode)) (gt (int $v.efaPerNode) (int $facts.efaInterfaces)) }}
-{{- fail (printf "efaPerNode: %d is more than %s has (%d EFA interfaces)" (int $v.efaPerNode) $v.instanceType (int $facts.efaInterfaces)) }}
+{{- fail (printf "efaPerNode: %d is more than instanceType %s has (%d EFA interfaces)" (int $v.efaPerNode) $v.instanceType (int $facts.efaInterfaces)) }}
 {{- end }}
 {{- /* Rank 0's pod listens on the rendezvous port (MASTER_PORT: torch elastic's c10d backend hands its
      store's port to the workers) and the trainer's stores at MASTER_PORT+1 and +2 (docs/design.md). */}}

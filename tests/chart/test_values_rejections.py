@@ -85,11 +85,14 @@ def test_image_digest_and_registry_port_render_exactly() -> None:
 
 # Values that helm used to accept and that could never run: each fails naming the value.
 CANNOT_RUN = [
-    ({"gpusPerNode": 9}, "gpusPerNode: 9 is more than p5.48xlarge has (8 GPUs)"),
-    ({"instanceType": "p4d.24xlarge", "efaPerNode": 5}, "efaPerNode: 5 is more than p4d.24xlarge has (4 EFA"),
+    ({"gpusPerNode": 9}, "gpusPerNode: 9 is more than instanceType p5.48xlarge has (8 GPUs)"),
+    (
+        {"instanceType": "p4d.24xlarge", "efaPerNode": 5},
+        "efaPerNode: 5 is more than instanceType p4d.24xlarge has (4 EFA",
+    ),
     (
         {"instanceType": "p5en.48xlarge", "efaPerNode": 32},
-        "efaPerNode: 32 is more than p5en.48xlarge has (16",
+        "efaPerNode: 32 is more than instanceType p5en.48xlarge has (16",
     ),
     ({"metricsPort": 29400}, "metricsPort: 29400 is taken by the rendezvous store"),
     ({"metricsPort": 29401}, "metricsPort: 29401 is taken"),
@@ -187,7 +190,10 @@ def test_one_instance_table_for_chart_schema_and_infra() -> None:
         container = trainer_container(render({"instanceType": name, "efaPerNode": None}))
         assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == spec.efa_interfaces
         too_many = rejection({"instanceType": name, "gpusPerNode": spec.gpus + 1})
-        assert f"gpusPerNode: {spec.gpus + 1} is more than {name} has ({spec.gpus} GPUs)" in too_many
+        assert (
+            f"gpusPerNode: {spec.gpus + 1} is more than instanceType {name} has ({spec.gpus} GPUs)"
+            in too_many
+        )
 
 
 def test_preset_sequence_limits_mirror_the_trainer() -> None:
@@ -206,3 +212,16 @@ def test_release_name_that_makes_an_invalid_service_name_is_refused() -> None:
     result = template_result(None, release="1run")
     assert result.returncode != 0
     assert 'release name: the resource name "1run-trainer" is not a DNS-1035 label' in result.stderr
+
+
+def test_null_for_a_value_with_a_default_is_refused_by_name() -> None:
+    """A null in a values file deletes the default; the templates would then fail with a Go stack."""
+    import yaml
+
+    from tests.chart.helm import CHART
+
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["required"]) == {k for k, v in defaults.items() if v is not None}
+    assert "missing property 'preset'" in rejection({"preset": None})
+    assert "missing property 'tag'" in rejection({"image": {"repository": "trainer", "tag": None}})

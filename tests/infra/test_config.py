@@ -174,7 +174,7 @@ def test_empty_teams_list() -> None:
                     "gpu_availability_zone": "us-east-2c",
                 }
             },
-            "teams[1].network.gpu_availability_zone: us-east-2c is not one of availability_zones",
+            "teams[1].network.gpu_availability_zone: 'us-east-2c' is not one of availability_zones",
         ),
         (
             {"network": {"availability_zones": ["us-east-2a"], "gpu_availability_zone": "us-east-2a"}},
