@@ -54,14 +54,26 @@ app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 {{- end }}
 
+{{/* The instance type's facts (gpus, efaInterfaces, ...) as JSON, from instance-types.json: the table
+infra/instance_types.py loads too, so chart and infra cannot disagree. */}}
+{{- define "trainer.instanceFacts" -}}
+{{- $types := (.Files.Get "instance-types.json" | fromJson).types }}
+{{- get $types .Values.instanceType | toJson }}
+{{- end }}
+
 {{/* vpc.amazonaws.com/efa per pod: efaPerNode, or the instance type's EFA interface count. */}}
 {{- define "trainer.efaPerNode" -}}
-{{- $byType := dict "p5.48xlarge" 32 "p5e.48xlarge" 32 "p5en.48xlarge" 16 "p4d.24xlarge" 4 }}
 {{- if kindIs "invalid" .Values.efaPerNode }}
-{{- get $byType .Values.instanceType | int }}
+{{- (include "trainer.instanceFacts" . | fromJson).efaInterfaces | int }}
 {{- else }}
 {{- .Values.efaPerNode | int }}
 {{- end }}
+{{- end }}
+
+{{/* The longest sequence a preset supports (its RoPE table); mirrors trainer/model.py PRESETS. */}}
+{{- define "trainer.maxSeqLen" -}}
+{{- $byPreset := dict "tiny" 512 "small" 2048 "1b" 8192 "8b" 8192 "70b" 8192 }}
+{{- get $byPreset .Values.preset | int }}
 {{- end }}
 
 {{/* The vocabulary size of a preset (for synthetic token files); mirrors trainer/model.py PRESETS. */}}
