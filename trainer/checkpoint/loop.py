@@ -38,6 +38,7 @@ class CheckpointLoop:
         self.failures = 0
         self.consecutive_failures = 0
         self.restored_step = -1
+        self._seen_commit = manager.committed_step
 
     # --------------------------------------------------------------------------------------- resume
     def restore(self, state: dict[str, Any]) -> int:
@@ -86,17 +87,20 @@ class CheckpointLoop:
 
     def _guard(self, fn: Any) -> Any:
         """Run a manager call; a failed save becomes a `ckpt_failed` event instead of an exception."""
-        before = self.manager.committed_step
         try:
             out = fn()
         except CheckpointWriteError as exc:
             self._failed(exc)
             return None
-        if self.manager.committed_step != before:
+        if self.manager.committed_step != self._seen_commit:  # a commit ends a run of failures
+            self._seen_commit = self.manager.committed_step
             self.consecutive_failures = 0
         return out
 
     def _failed(self, exc: CheckpointWriteError) -> None:
+        if self.manager.committed_step != self._seen_commit:  # committed before this one failed
+            self._seen_commit = self.manager.committed_step
+            self.consecutive_failures = 0
         self.failures += 1
         self.consecutive_failures += 1
         reason = str(exc)

@@ -173,11 +173,13 @@ class CheckpointManager:
         nbytes = tensor_bytes(sd)
         try:
             token = self._backend.start(sd, tmp, self._writer_group())
-        except CheckpointWriteError as exc:
+        except BaseException as exc:  # also the Wrapper's asynchronous restart landing mid-write
             self._backend.abort()
             if self.rank == 0:
                 layout.discard(tmp)
-            raise CheckpointWriteError(f"checkpoint of step {step} failed: {exc}", step) from exc
+            if isinstance(exc, CheckpointWriteError):
+                raise CheckpointWriteError(f"checkpoint of step {step} failed: {exc}", step) from exc
+            raise
         self._pending = _Pending(step, tmp, token, t0)
         if self.cfg.mode == "sync":
             self._finalize(blocking=True)
