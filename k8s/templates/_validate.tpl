@@ -75,7 +75,7 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- fail (printf "faults.%s: %q needs step=N (the global step where it fires)" $name $spec) }}
 {{- end }}
 {{- $step := get $seen "step" | int }}
-{{- if eq $kind "ckpt-crash" }}
+{{- if has $kind (list "ckpt-crash" "ckpt-write-error") }}
 {{- /* It fires in the first save at or after its step; a save follows step s when (s+1) % ckptInterval == 0. */}}
 {{- $interval := int $v.ckptInterval }}
 {{- $save := max $step (sub $interval 1) }}
@@ -172,7 +172,7 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
       "NCCL_DEBUG" "set it with ncclDebug" "NCCL_SOCKET_IFNAME" "set it with ncclSocketIfname"
       "PYTHONUNBUFFERED" "set by the chart" "FI_PROVIDER" "set by the chart from efaPerNode"
       "FI_EFA_USE_DEVICE_RDMA" "set by the chart from efaPerNode" "FI_EFA_USE_HUGE_PAGE" "set by the chart from hugepages2Mi"
-      "RDMAV_FORK_SAFE" "set by the chart" "HOME" "set by the chart with runAsNonRoot"
+      "RDMAV_FORK_SAFE" "set by the chart" "HOME" "set by the chart: /tmp, the scratch volume"
       "TRAINER_FAULTS" "set faults instead (checked here)" "TRAINER_STORE_HOST" "the trainer's stores follow MASTER_ADDR"
       "TRAINER_PG_PORT" "the chart's port checks assume rdzvPort+1" "TRAINER_INPROCESS_PORT" "the chart's port checks assume rdzvPort+2"
       "MASTER_ADDR" "set by ft_launcher for each worker" "MASTER_PORT" "set by ft_launcher for each worker"
@@ -190,7 +190,8 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- include "trainer.requireDistinctMounts" (list
       (list "storage.mountPath" $v.storage.mountPath)
       (list "the NVMe tier" (include "trainer.localNvmeMount" .))
-      (list "/dev/shm" "/dev/shm")) }}
+      (list "/dev/shm" "/dev/shm")
+      (list "the scratch volume" "/tmp")) }}
 {{- include "trainer.requireReachableFaults" . }}
 {{- $maxSeqLen := include "trainer.maxSeqLen" . | int }}
 {{- if gt (int $v.seqLen) $maxSeqLen }}

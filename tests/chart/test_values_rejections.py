@@ -225,3 +225,11 @@ def test_null_for_a_value_with_a_default_is_refused_by_name() -> None:
     assert set(schema["required"]) == {k for k, v in defaults.items() if v is not None}
     assert "missing property 'preset'" in rejection({"preset": None})
     assert "missing property 'tag'" in rejection({"image": {"repository": "trainer", "tag": None}})
+
+
+def test_values_added_with_hardening_follow_the_same_rules() -> None:
+    assert "storage.mountPath (/tmp/fsx) collides with the scratch volume (/tmp)" in rejection(
+        {"storage": {**STORAGE, "mountPath": "/tmp/fsx"}}
+    )
+    assert "extraEnv.HOME: the pod command depends on it" in rejection({"extraEnv": {"HOME": "/root"}})
+    assert "missing property 'networkPolicy'" in rejection({"networkPolicy": None})
