@@ -31,17 +31,17 @@ The resource name prefix. Truncated to 40 characters, not 63: pod hostnames appe
 
 {{/* The standard labels. */}}
 {{- define "trainer.labels" -}}
-helm.sh/chart: {{ include "trainer.chart" . }}
+helm.sh/chart: {{ include "trainer.chart" . | quote }}
 {{ include "trainer.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 app.kubernetes.io/part-of: nvrx-eks-blueprint
 {{- end }}
 
 {{/* Selector labels: no version, so a selector never changes with an upgrade. */}}
 {{- define "trainer.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "trainer.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "trainer.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end }}
 
 {{/* The trainer image, its tag defaulting to the chart's appVersion. */}}

@@ -16,8 +16,24 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- end }}
 {{- end }}
 
+{{/* Fails unless every key of the map (list of value name and map) matches the pattern (list of regex and what it is). */}}
+{{- define "trainer.requireKeys" -}}
+{{- $name := index . 0 }}
+{{- range $key, $_ := index . 1 }}
+{{- if not (regexMatch (index $ 2) $key) }}
+{{- fail (printf "%s: key %q is not %s" $name $key (index $ 3)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "trainer.validate" -}}
 {{- $v := .Values }}
+{{- $qualifiedName := "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" }}
+{{- $keyKind := "a Kubernetes qualified name ([prefix/]name, name at most 63 letters, digits, - _ .)" }}
+{{- include "trainer.requireKeys" (list "nodeSelector" $v.nodeSelector $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "podLabels" $v.podLabels $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "podAnnotations" $v.podAnnotations $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "extraEnv" $v.extraEnv "^[A-Za-z_][A-Za-z0-9_]*$" "an environment variable name (letters, digits, _; not starting with a digit)") }}
 {{- /* The trainer checks this chain at start-up (trainer/resilience/timeouts.py), whatever inprocess
      is; failing here surfaces it at install time instead of as a crashing pod. */}}
 {{- include "trainer.requireIncreasing" (list
