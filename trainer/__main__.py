@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         world = preflight(cfg, os.environ, check_config=check_only)
     except UnrecoverableError as exc:
         print(error_line(exc), file=sys.stderr)
+        if final == EXIT_NO_RESTART:  # a 0.4.1 ft_launcher relaunches anyway: the record ends those at once
+            from trainer.verdict import record_unrecoverable
+
+            record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return final
     if check_only:
         ranks = f"{world.world_size} ranks" if world.world_size else "world size not known here"
@@ -57,6 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return train_main(cfg)
     except UnrecoverableError as exc:  # raised before the loop (e.g. the metrics port taken meanwhile)
         print(error_line(exc), file=sys.stderr)
+        from trainer.verdict import record_unrecoverable
+
+        record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return EXIT_NO_RESTART
 
 

@@ -316,14 +316,14 @@ def assert_as_written(flag: Flag, value: str, got: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gen_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainer.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("gen") / "tokens.npy", 50_000, 2048, seed=5)
 
 
 def test_generated_flag_sets_are_rejected_in_one_line_or_kept_as_written(
-    token_file: Path,
+    gen_tokens: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -334,7 +334,7 @@ def test_generated_flag_sets_are_rejected_in_one_line_or_kept_as_written(
     for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # relative paths land here
-    cases = generate(token_file, tmp_path / "out", tmp_path)
+    cases = generate(gen_tokens, tmp_path / "out", tmp_path)
     fields_known = known_fields()
     accepted = rejected = 0
     for case in cases:
@@ -358,10 +358,10 @@ def test_generated_flag_sets_are_rejected_in_one_line_or_kept_as_written(
     assert not (tmp_path / "out").exists(), "--check-config created the output directory"
 
 
-def test_generated_cases_through_the_real_command_line(token_file: Path, tmp_path: Path) -> None:
+def test_generated_cases_through_the_real_command_line(gen_tokens: Path, tmp_path: Path) -> None:
     """A few generated rejections as real processes (argv bytes, stderr encoding, exit status)."""
     picks = ["--seq-len=١٢", "--out-dir=" + str(tmp_path / "é\nx")]
-    base = [f"--data-path={token_file}", f"--out-dir={tmp_path / 'out'}", "--device=cpu", "--check-config"]
+    base = [f"--data-path={gen_tokens}", f"--out-dir={tmp_path / 'out'}", "--device=cpu", "--check-config"]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
     for pick in picks:
         proc = subprocess.run(
