@@ -74,7 +74,9 @@ class TrainConfig:
     fault_seed: int = 0
     """Seed for rank=random in fault specs."""
     metrics_port: int = 0
-    """Prometheus port on rank 0; 0 disables the exporter."""
+    """Prometheus port of local rank 0 on every node (trainer/metrics_export.py); 0 disables it."""
+    metrics_linger: float = 0.0
+    """Seconds a completed run's endpoint waits for one more scrape before the process exits."""
     device: Device = "auto"
 
     def __post_init__(self) -> None:
@@ -103,6 +105,8 @@ class TrainConfig:
             raise ConfigError("seed" if self.seed < 0 else "fault_seed", "must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port", f"must be in [0, 65535], got {self.metrics_port}")
+        if not (math.isfinite(self.metrics_linger) and self.metrics_linger >= 0):
+            raise ConfigError("metrics_linger", f"must be >= 0 seconds, got {self.metrics_linger}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("device", f"must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda":
@@ -209,7 +213,10 @@ def make_parser() -> argparse.ArgumentParser:
         "KIND: exception, sigkill, hang, stop, node-loss, ckpt-crash, ckpt-corrupt",
     )
     p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port per node (0 = off)")
+    p.add_argument(
+        "--metrics-linger", type=float, default=0.0, help="seconds a completed run waits for a last scrape"
+    )
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available"
     )
@@ -260,5 +267,6 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         faults=tuple(faults),
         fault_seed=args.fault_seed,
         metrics_port=args.metrics_port,
+        metrics_linger=args.metrics_linger,
         device=args.device,
     )

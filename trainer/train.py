@@ -37,7 +37,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from trainer.config import TrainConfig
 from trainer.data import BatchCursor, TokenDataset
 from trainer.faults import FaultInjector, resolve_ranks
-from trainer.metrics import EventLog, PrometheusExporter, write_summary
+from trainer.metrics import EventLog, write_summary
+from trainer.metrics_export import MetricsServer
 from trainer.model import build_model
 from trainer.resilience.timeouts import trainer_ports
 
@@ -296,8 +297,10 @@ class Trainer:
         self.proc = ProcessInfo.from_env()
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
-        exporter = PrometheusExporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
-        self.events = EventLog(cfg.out_dir, self.proc.rank, exporter=exporter)
+        self.metrics = MetricsServer.maybe_start(
+            cfg.out_dir, cfg.metrics_port, rank=self.proc.rank, local_rank=self.proc.local_rank
+        )
+        self.events = EventLog(cfg.out_dir, self.proc.rank)
         specs = resolve_ranks(cfg.faults, self.proc.world_size, cfg.fault_seed)
         self.faults = FaultInjector(
             specs,
@@ -468,6 +471,8 @@ def main(cfg: TrainConfig) -> int:
     finally:
         trainer.heartbeat.stop()
         trainer.events.close()
+    if trainer.metrics is not None:  # a completed run: let the collector see its final figures
+        trainer.metrics.linger(cfg.metrics_linger)
     return 0
 
 
