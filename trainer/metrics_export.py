@@ -20,11 +20,13 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -191,24 +193,31 @@ def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: flo
 
 
 def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Iterator[Metric]:
-    faults = CounterMetricFamily(
-        "trainer_faults_total",
-        "Injected faults by the tier that recovered them and kind",
+    # A fault's tier is known only once training resumed (a tier-1 detection may still turn into a tier-2
+    # restart): series labelled by tier appear then, so no counter ever moves between label sets.
+    faults = CounterMetricFamily("trainer_faults_total", "Injected faults by kind", labels=["kind"])
+    recovered = CounterMetricFamily(
+        "trainer_faults_recovered_total",
+        "Injected faults after which training resumed, by the tier that recovered them and kind",
         labels=["tier", "kind"],
     )
-    counts: dict[tuple[str, str], int] = {}
+    counts: dict[str, int] = {}
     recovery: dict[tuple[str, ...], list[float]] = {}
     detection: dict[tuple[str, ...], list[float]] = {}
     for f in summary["faults"]:
-        key = (str(f["tier"]) if f["tier"] is not None else "none", str(f["type"]))
-        counts[key] = counts.get(key, 0) + 1
-        if f["mttr_s"] is not None:
-            recovery.setdefault(key, []).append(float(f["mttr_s"]))
+        counts[str(f["type"])] = counts.get(str(f["type"]), 0) + 1
+        if not f["recovered"] or f["mttr_s"] is None:
+            continue
+        key = (str(f["tier"]), str(f["type"]))
+        recovery.setdefault(key, []).append(float(f["mttr_s"]))
         if f["detection_s"] is not None:
             detection.setdefault(key, []).append(float(f["detection_s"]))
-    for key, n in sorted(counts.items()):
-        faults.add_metric(list(key), float(n))
+    for kind, n in sorted(counts.items()):
+        faults.add_metric([kind], float(n))
+    for key, values in sorted(recovery.items()):
+        recovered.add_metric(list(key), float(len(values)))
     yield faults
+    yield recovered
     yield _histogram(
         "trainer_recovery_seconds",
         "Fault to the start of the first step after it (training resumed), per injected fault",
@@ -218,7 +227,7 @@ def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Ite
     )
     yield _histogram(
         "trainer_fault_detection_seconds",
-        "Fault to its first detection by any rank, per injected fault",
+        "Fault to its first detection by any rank, per recovered injected fault",
         ("tier", "kind"),
         detection,
         DETECTION_BUCKETS,
@@ -299,13 +308,8 @@ class RunCollector(Collector):
         self.rank = rank
         self.clock = clock
         self._lock = threading.Lock()  # scrapes may overlap (the HTTP server is threaded)
-        self._scraped = threading.Condition()
-        self.scrapes = 0
 
     def collect(self) -> Iterator[Metric]:
-        with self._scraped:
-            self.scrapes += 1
-            self._scraped.notify_all()
         info = GaugeMetricFamily("trainer_exporter_info", "This endpoint's process", labels=["rank"])
         info.add_metric([str(self.rank)], 1.0)
         yield info
@@ -317,11 +321,27 @@ class RunCollector(Collector):
             bad = self.tail.bad
         yield from run_families(summarize_events(events, bad), events, self.clock())
 
-    def wait_for_scrape(self, timeout_s: float) -> bool:
-        """Block until a scrape starts after this call (True) or `timeout_s` passes (False)."""
-        with self._scraped:
-            seen = self.scrapes
-            return self._scraped.wait_for(lambda: self.scrapes > seen, timeout=timeout_s)
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a scrape in flight never keeps the trainer process alive
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one access-log line per scrape would flood the trainer's log
+
+
+class _Served:
+    """A WSGI response body that reports when the server has written it (WSGI calls close() after)."""
+
+    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]) -> None:
+        self._body, self._on_close = body, on_close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body)
+
+    def close(self) -> None:
+        self._on_close()
 
 
 class MetricsServer:
@@ -332,10 +352,28 @@ class MetricsServer:
 
     def __init__(self, out_dir: str | Path, port: int, *, rank: int, addr: str = "0.0.0.0") -> None:
         self.collector = RunCollector(out_dir, rank=rank)
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self.collector)
-        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self.collector)
+        app = make_wsgi_app(registry)
+        self._served = threading.Condition()
+        self._started = 0  # requests, numbered as they start
+        self._newest_done = 0  # the highest number among the responses sent in full
+
+        def counted(environ: dict[str, Any], start_response: Any) -> _Served:
+            with self._served:
+                self._started += 1
+                number = self._started
+            return _Served(app(environ, start_response), lambda: self._done(number))
+
+        self._server = make_server(addr, port, counted, _ThreadingWSGIServer, _QuietHandler)
         self.port = int(self._server.server_port)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
+
+    def _done(self, number: int) -> None:
+        with self._served:
+            self._newest_done = max(self._newest_done, number)
+            self._served.notify_all()
 
     @classmethod
     def maybe_start(
@@ -351,9 +389,14 @@ class MetricsServer:
             return None
 
     def linger(self, timeout_s: float) -> bool:
-        """After the run's last event: stay up until the collector scrapes once more (or timeout_s), so
-        the final figures reach it before the pod goes away. True if a scrape came."""
-        return timeout_s > 0 and self.collector.wait_for_scrape(timeout_s)
+        """After the run's last event: stay up until a request that started after this call has been
+        answered in full (or timeout_s passed), so the collector holds the final figures before the pod
+        goes away. A request already in flight may have read the log before the last event."""
+        if timeout_s <= 0:
+            return False
+        with self._served:
+            mark = self._started
+            return self._served.wait_for(lambda: self._newest_done > mark, timeout=timeout_s)
 
     def close(self) -> None:
         self._server.shutdown()

@@ -84,7 +84,8 @@ def test_a_completed_run_exports_what_summary_json_holds(tmp_path: Path) -> None
     assert m["trainer_tokens_total"] == summary["tokens"]
     assert m["trainer_last_step"] == 3 and m["trainer_world_size"] == 2
     (fault,) = summary["faults"]
-    assert m["trainer_faults_total{kind=exception,tier=1}"] == 1
+    assert m["trainer_faults_total{kind=exception}"] == 1
+    assert m["trainer_faults_recovered_total{kind=exception,tier=1}"] == 1
     assert m["trainer_recovery_seconds_sum{kind=exception,tier=1}"] == pytest.approx(fault["mttr_s"])
     assert m["trainer_recovery_seconds_count{kind=exception,tier=1}"] == 1
     assert m["trainer_recovery_seconds_bucket{kind=exception,le=1.0,tier=1}"] == 0  # mttr 1.3 s
