@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
 DETECTION_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 STALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+GOODPUT_WINDOW_S = 3600.0  # "goodput over the last hour": the window of the alarm's figure
 STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
@@ -92,6 +93,17 @@ def live_goodput(summary: dict[str, Any], first_t: float | None, now: float) -> 
     if first_t is None or now <= first_t:
         return None
     return summary["productive_s"] / (now - first_t)
+
+
+def window_goodput(steps: list[dict[str, Any]], since: float, until: float) -> float:
+    """Share of [since, until] spent in steps whose results were kept (the last execution of each step)."""
+    kept: dict[int, dict[str, Any]] = {}
+    for e in steps:  # sorted by time: later executions replace earlier ones
+        kept[int(e["step"])] = e
+    busy = math.fsum(
+        max(0.0, min(float(e["t_end"]), until) - max(float(e["t_start"]), since)) for e in kept.values()
+    )
+    return busy / (until - since)
 
 
 def _histogram(
@@ -177,6 +189,12 @@ def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: flo
             "trainer_seconds_since_last_step",
             "Seconds since the last step ended (since the run started before the first step)",
             value=now - since_step,
+        )
+    if summary["status"] != "completed" and first_t is not None and now - first_t >= GOODPUT_WINDOW_S:
+        yield GaugeMetricFamily(
+            "trainer_goodput_last_hour_ratio",
+            "Productive time of the last hour over an hour (exported once the run is an hour old)",
+            value=window_goodput(steps, now - GOODPUT_WINDOW_S, now),
         )
     durations = [float(s["t_end"]) - float(s["t_start"]) for s in steps]
     yield _histogram(

@@ -114,10 +114,14 @@ def test_a_running_run_decays_goodput_with_wall_time(tmp_path: Path) -> None:
     assert m["trainer_seconds_since_last_step"] == pytest.approx(110.0 - 107.5)
     assert m["trainer_seconds_since_last_checkpoint"] == pytest.approx(110.0 - 103.4)
     assert m["trainer_run_completed"] == 0
+    assert "trainer_goodput_last_hour_ratio" not in m  # the run is not an hour old yet
     now[0] = 200.0  # a hang: nothing is written, the live figures still move
     m = {s.name: s.value for f in collector.collect() for s in f.samples if not s.labels}
     assert m["trainer_goodput_ratio"] == pytest.approx(productive / 100.0)
     assert m["trainer_seconds_since_last_step"] == pytest.approx(200.0 - 107.5)
+    now[0] = 3701.5  # an hour later: the window [101.5, 3701.5] holds half of step 0 and 3 kept steps
+    m = {s.name: s.value for f in collector.collect() for s in f.samples if not s.labels}
+    assert m["trainer_goodput_last_hour_ratio"] == pytest.approx(3.5 / 3600)
 
 
 def test_the_tail_reads_only_complete_lines_and_counts_torn_ones(tmp_path: Path) -> None:
