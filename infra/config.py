@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from infra.instance_types import DEFAULT_GPU_INSTANCE_TYPE, GPU_INSTANCE_TYPES
+from infra.observability_config import ObservabilityConfig
 
 # A DNS-1123 label that also starts with a letter: the team name is the namespace (DNS-1123) and the
 # CloudFormation stack name (must start with a letter).
@@ -228,6 +229,7 @@ class TeamConfig(_Model):
     gpu_node_group: GpuNodeGroupConfig = GpuNodeGroupConfig()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     fsx: FsxConfig = FsxConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()  # infra/observability_config.py
     gpu_quota: Annotated[int, Field(ge=1)] | None = None
     """nvidia.com/gpu the team namespace may request; default: everything the GPU node group can hold."""
     deploy_trainer: bool = True

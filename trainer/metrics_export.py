@@ -7,26 +7,22 @@ survive worker restarts (they are counted from the log, not in a process that a 
 replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists
 every metric; the chart and the collectors (docs/infra.md) scrape it.
 
-Which process serves: local rank 0 of every pod (one endpoint per pod, so every pod the collector
-discovers answers, and `up` is per node). Only the process that is global rank 0 exports the run's
-figures (one series per run, whichever pod hosts rank 0 after a restart); the others export only
-`trainer_exporter_info`. A port that is taken (several local pods on one host) logs a warning and
-training goes on without the endpoint: metrics are never worth a failed step.
+trainer/metrics_server.py serves it over HTTP, on local rank 0 of every pod (one endpoint per pod, so
+every pod the collector discovers answers, and `up` is per node). Only the process that is global rank 0
+exports the run's figures (one series per run, whichever pod hosts rank 0 after a restart); the others
+export only `trainer_exporter_info`. A port that is taken (several local pods on one host) logs a
+warning and training goes on without the endpoint: metrics are never worth a failed step.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -36,8 +32,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from trainer.metrics import parse_event_line, summarize_events
-
-log = logging.getLogger(__name__)
 
 # Bucket upper bounds, seconds. Recovery spans tier 1 on CPU (~0.3 s) to a tier-2 restart of a 70B job
 # that waits for a replacement node (tens of minutes); checkpoint stalls span async saves (ms) to sync ones.
@@ -338,84 +332,3 @@ class RunCollector(Collector):
             events = list(self.tail.events)
             bad = self.tail.bad
         yield from run_families(summarize_events(events, bad), events, self.clock())
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a scrape in flight never keeps the trainer process alive
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one access-log line per scrape would flood the trainer's log
-
-
-class _Served:
-    """A WSGI response body that reports when the server has written it (WSGI calls close() after)."""
-
-    def __init__(self, body: Iterable[bytes], on_close: Callable[[], None]) -> None:
-        self._body, self._on_close = body, on_close
-
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self._body)
-
-    def close(self) -> None:
-        self._on_close()
-
-
-class MetricsServer:
-    """Serves a RunCollector on http://<addr>:<port>/metrics (port 0 picks a free port; read `.port`).
-
-    Create it once per process, outside any in-process restart loop: it owns a listening socket.
-    """
-
-    def __init__(self, out_dir: str | Path, port: int, *, rank: int, addr: str = "0.0.0.0") -> None:
-        self.collector = RunCollector(out_dir, rank=rank)
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(self.collector)
-        app = make_wsgi_app(registry)
-        self._served = threading.Condition()
-        self._started = 0  # requests, numbered as they start
-        self._newest_done = 0  # the highest number among the responses sent in full
-
-        def counted(environ: dict[str, Any], start_response: Any) -> _Served:
-            with self._served:
-                self._started += 1
-                number = self._started
-            return _Served(app(environ, start_response), lambda: self._done(number))
-
-        self._server = make_server(addr, port, counted, _ThreadingWSGIServer, _QuietHandler)
-        self.port = int(self._server.server_port)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
-        self._thread.start()
-
-    def _done(self, number: int) -> None:
-        with self._served:
-            self._newest_done = max(self._newest_done, number)
-            self._served.notify_all()
-
-    @classmethod
-    def maybe_start(
-        cls, out_dir: str | Path, port: int, *, rank: int, local_rank: int
-    ) -> MetricsServer | None:
-        """The endpoint of this process if it should serve one (local rank 0, port > 0) and can bind it."""
-        if port <= 0 or local_rank != 0:
-            return None
-        try:
-            return cls(out_dir, port, rank=rank)
-        except OSError as exc:
-            log.warning("metrics endpoint on port %d not started: %s", port, exc)
-            return None
-
-    def linger(self, timeout_s: float) -> bool:
-        """After the run's last event: stay up until a request that started after this call has been
-        answered in full (or timeout_s passed), so the collector holds the final figures before the pod
-        goes away. A request already in flight may have read the log before the last event."""
-        if timeout_s <= 0:
-            return False
-        with self._served:
-            mark = self._started
-            return self._served.wait_for(lambda: self._newest_done > mark, timeout=timeout_s)
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()

@@ -38,7 +38,7 @@ from trainer.config import TrainConfig
 from trainer.data import BatchCursor, TokenDataset
 from trainer.faults import FaultInjector, resolve_ranks
 from trainer.metrics import EventLog, write_summary
-from trainer.metrics_export import MetricsServer
+from trainer.metrics_server import MetricsServer
 from trainer.model import build_model
 from trainer.resilience.timeouts import trainer_ports
 

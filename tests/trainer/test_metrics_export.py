@@ -16,7 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from trainer.metrics import summarize, write_summary
-from trainer.metrics_export import EventTail, MetricsServer, RunCollector
+from trainer.metrics_export import EventTail, RunCollector
+from trainer.metrics_server import MetricsServer
 
 
 def _lines(rank: int, events: list[tuple[str, float, dict[str, Any]]]) -> str:
