@@ -31,7 +31,7 @@ from infra.dashboards import (
     grafana_dashboard_json,
 )
 from infra.gpu_nodegroup import GPU_NODE_ROLE, GPU_TAINT_KEY, NODE_ROLE_LABEL
-from infra.observability_config import ObservabilityConfig
+from infra.teams.observability import ObservabilityConfig
 
 CLOUDWATCH_K8S_NAMESPACE = "amazon-cloudwatch"  # created by the add-on
 PROMETHEUS_K8S_NAMESPACE = "monitoring"

@@ -18,7 +18,7 @@ from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from infra.observability_config import AlarmThresholds
+from infra.teams.observability import AlarmThresholds
 
 # The CloudWatch namespace the CloudWatch agent publishes the trainer's metrics to (infra/collectors.py).
 TRAINER_NAMESPACE = "NVRx/Training"

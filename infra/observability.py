@@ -16,7 +16,7 @@ from infra.collectors import (
     PrometheusCollection,
 )
 from infra.dashboards import TrainingDashboard
-from infra.observability_config import ObservabilityConfig
+from infra.teams.observability import ObservabilityConfig
 
 
 def alarm_topic_name(team_name: str, config: ObservabilityConfig) -> str:

@@ -1,6 +1,6 @@
 """The `observability:` block of a team in the teams file: which collector, where alarms go, thresholds.
 
-Self-contained (its own pydantic base) so infra/config.py hooks it in with one field; errors surface as
+TeamConfig (infra/teams/team.py) holds it as one field; errors surface as
 `teams[i].observability.<field>: message` through the teams file's error formatting.
 """
 
@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from infra.teams.base import StrictModel
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AlarmThresholds(_Strict):
+class AlarmThresholds(StrictModel):
     """When the team's alarms fire (each routed to the alarm topic)."""
 
     no_progress_minutes: Annotated[int, Field(ge=1, le=1440)] = 15
@@ -26,7 +24,7 @@ class AlarmThresholds(_Strict):
     """"Checkpoint older than Y": no durable checkpoint for this long (keep it above the save interval)."""
 
 
-class ObservabilityConfig(_Strict):
+class ObservabilityConfig(StrictModel):
     """Collection of cluster, GPU, EFA and trainer metrics, the team dashboard and its alarms."""
 
     collector: Literal["cloudwatch", "prometheus"] = "cloudwatch"
