@@ -196,7 +196,8 @@ def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: flo
     )
 
     yield from _fault_families(summary, rank0)
-    yield from _checkpoint_families(summary, commits, first_t, now)
+    failed = {(e.get("step"), e["restart"], e["iteration"]) for e in events if e["ev"] == "ckpt_failed"}
+    yield from _checkpoint_families(summary, commits, len(failed), first_t, now)
     yield GaugeMetricFamily(
         "trainer_event_log_unreadable_lines",
         "Event log lines that could not be parsed (torn by a killed process)",
@@ -266,7 +267,11 @@ def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Ite
 
 
 def _checkpoint_families(
-    summary: dict[str, Any], commits: list[dict[str, Any]], first_t: float | None, now: float
+    summary: dict[str, Any],
+    commits: list[dict[str, Any]],
+    failures: int,
+    first_t: float | None,
+    now: float,
 ) -> Iterator[Metric]:
     ckpt = summary["ckpt"]
     yield _histogram(
@@ -285,13 +290,8 @@ def _checkpoint_families(
         "Checkpoints passed over at resume (incomplete or corrupt)",
         len(ckpt["skipped"]),
     )
-    if "failed" in ckpt:  # saves that failed in the background (issue 9's ckpt_failed events)
-        failed = ckpt["failed"]
-        yield _counter(
-            "trainer_checkpoint_failures_total",
-            "Checkpoint saves that failed",
-            len(failed) if isinstance(failed, list) else failed,
-        )
+    # Issue 9's `ckpt_failed` events (any rank): one failed save per (step, restart, iteration).
+    yield _counter("trainer_checkpoint_failures_total", "Checkpoint saves that failed", failures)
     if commits:
         yield GaugeMetricFamily(
             "trainer_last_checkpoint_timestamp_seconds",
