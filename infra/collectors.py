@@ -6,8 +6,8 @@
 - `prometheus`: kube-prometheus-stack (Prometheus, Alertmanager -> SNS, Grafana, node-exporter,
   kube-state-metrics) and NVIDIA's DCGM exporter, pinned Helm charts; the trainer chart's PodMonitor.
 
-Both take AWS credentials through EKS Pod Identity; `collector_namespace` is the namespace the trainer
-chart's NetworkPolicy admits to the metrics port (the chart value metricsCollectorNamespace).
+Both take AWS credentials through EKS Pod Identity; the collector's namespace is the one the trainer
+chart's NetworkPolicy admits to the metrics port (chart value networkPolicy.metricsNamespace).
 """
 
 from __future__ import annotations

@@ -25,9 +25,11 @@ def alarm_topic_name(team_name: str, config: ObservabilityConfig) -> str:
 
 def trainer_metrics_values(config: ObservabilityConfig) -> dict[str, object]:
     """The trainer chart values that connect it to the collector (Contract 1 of docs/design.md)."""
-    if config.collector == "prometheus":
-        return {"metricsCollectorNamespace": PROMETHEUS_K8S_NAMESPACE, "podMonitor": {"enabled": True}}
-    return {"metricsCollectorNamespace": CLOUDWATCH_K8S_NAMESPACE, "podMonitor": {"enabled": False}}
+    # The chart's NetworkPolicy admits networkPolicy.metricsNamespace to the metrics port (Helm merges the
+    # map: the policy's other keys keep their defaults).
+    prometheus = config.collector == "prometheus"
+    namespace = PROMETHEUS_K8S_NAMESPACE if prometheus else CLOUDWATCH_K8S_NAMESPACE
+    return {"networkPolicy": {"metricsNamespace": namespace}, "podMonitor": {"enabled": prometheus}}
 
 
 class Observability(Construct):

@@ -62,6 +62,8 @@ class TeamStack(Stack):
             )
             self.trainer.release.node.add_dependency(self.addons.namespace_objects)
             self.trainer.release.node.add_dependency(self.storage.pvc_manifest)
+            # With the Prometheus collector the release renders a PodMonitor: its CRD comes with the stack.
+            self.trainer.release.node.add_dependency(self.observability)
         self._wait_for_system_nodes()
 
     def _wait_for_system_nodes(self) -> None:

@@ -196,8 +196,7 @@ def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: flo
     )
 
     yield from _fault_families(summary, rank0)
-    failed = {(e.get("step"), e["restart"], e["iteration"]) for e in events if e["ev"] == "ckpt_failed"}
-    yield from _checkpoint_families(summary, commits, len(failed), first_t, now)
+    yield from _checkpoint_families(summary, commits, first_t, now)
     yield GaugeMetricFamily(
         "trainer_event_log_unreadable_lines",
         "Event log lines that could not be parsed (torn by a killed process)",
@@ -269,7 +268,6 @@ def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Ite
 def _checkpoint_families(
     summary: dict[str, Any],
     commits: list[dict[str, Any]],
-    failures: int,
     first_t: float | None,
     now: float,
 ) -> Iterator[Metric]:
@@ -290,8 +288,11 @@ def _checkpoint_families(
         "Checkpoints passed over at resume (incomplete or corrupt)",
         len(ckpt["skipped"]),
     )
-    # Issue 9's `ckpt_failed` events (any rank): one failed save per (step, restart, iteration).
-    yield _counter("trainer_checkpoint_failures_total", "Checkpoint saves that failed", failures)
+    yield _counter(
+        "trainer_checkpoint_failures_total",
+        "Checkpoint saves that failed (nothing committed, training went on)",
+        ckpt.get("failed", 0),
+    )
     if commits:
         yield GaugeMetricFamily(
             "trainer_last_checkpoint_timestamp_seconds",

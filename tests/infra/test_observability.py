@@ -58,9 +58,8 @@ def test_cloudwatch_default_installs_container_insights_and_the_trainer_scraper(
     assert role["metadata"]["namespace"] == "ml-research"  # pod discovery in the team namespace only
     assert not [o for o in objects if o["kind"] == "ClusterRole"]
     values = helm_releases(templates["ml-research"])["trainer"]["Values"]
-    assert values["metricsCollectorNamespace"] == "amazon-cloudwatch" and values["podMonitor"] == {
-        "enabled": False
-    }
+    assert values["networkPolicy"] == {"metricsNamespace": "amazon-cloudwatch"}
+    assert values["podMonitor"] == {"enabled": False}
 
 
 def test_cloudwatch_dashboard_and_alarms_route_to_the_team_topic(
@@ -153,7 +152,8 @@ def test_prometheus_collector_installs_the_pinned_stack_with_alerts_to_the_named
     ]
     assert len(json.loads(board["data"]["training.json"])["panels"]) == len(GRAFANA_PANELS)
     values = releases["trainer"]["Values"]
-    assert values["metricsCollectorNamespace"] == "monitoring" and values["podMonitor"] == {"enabled": True}
+    assert values["networkPolicy"] == {"metricsNamespace": "monitoring"}
+    assert values["podMonitor"] == {"enabled": True}
 
 
 @pytest.mark.parametrize(

@@ -427,7 +427,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
         "storage",
         "serviceAccountName",
         "suspend",
-        "metricsCollectorNamespace",  # observability (tests/infra/test_observability.py)
+        "networkPolicy",  # observability (tests/infra/test_observability.py)
         "podMonitor",
     }
     assert set(values["image"]) == {"repository", "tag"} and values["image"]["tag"]
