@@ -32,7 +32,7 @@ MAX_TEAM_NAME = MAX_DERIVED_NAME - max(map(len, DERIVED_NAME_SUFFIXES))
 # The regions' partitions this project synthesizes for; ISO partitions are not supported.
 _PARTITION_BY_REGION_KIND = {"cn": "aws-cn", "us-gov": "aws-us-gov"}
 
-_RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+_RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
 def partition_of(region: str) -> str:
@@ -116,7 +116,7 @@ def vpc_cidr_problem(cidr: str) -> str | None:
         return f"{cidr!r} is not a CIDR block ({exc})"
     if net.version != 4 or net.prefixlen != 16:
         return f"{cidr} must be a private IPv4 /16 (the subnet layout needs the space)"
-    if not any(net.subnet_of(space) for space in _RFC1918):
+    if not (isinstance(net, ipaddress.IPv4Network) and any(net.subnet_of(space) for space in _RFC1918)):
         kind = next(
             (
                 label
@@ -137,18 +137,28 @@ def vpc_cidr_problem(cidr: str) -> str | None:
 
 def public_cidrs_problem(cidrs: list[str]) -> str | None:
     """Refuse CIDRs that are not blocks, and any set whose union covers a whole address family."""
-    nets: dict[int, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {4: [], 6: []}
+    v4: list[ipaddress.IPv4Network] = []
+    v6: list[ipaddress.IPv6Network] = []
     for cidr in cidrs:
         try:
             net = ipaddress.ip_network(cidr, strict=True)
         except ValueError:
             return f"{cidr!r} is not a CIDR block"
-        nets[net.version].append(net)
-    for version, family in nets.items():
-        union = list(ipaddress.collapse_addresses(family))  # type: ignore[misc]
-        if any(net.prefixlen == 0 for net in union):
-            everything = "0.0.0.0/0" if version == 4 else "::/0"
-            written = ", ".join(cidrs)
-            union = "" if written == everything else f" (the union of {written} covers it)"
-            return f"{everything} would open the API server to the internet{union}"
+        if isinstance(net, ipaddress.IPv4Network):
+            v4.append(net)
+        else:
+            v6.append(net)
+    open_families = [
+        everything
+        for everything, union in (
+            ("0.0.0.0/0", list(ipaddress.collapse_addresses(v4))),
+            ("::/0", list(ipaddress.collapse_addresses(v6))),
+        )
+        if any(net.prefixlen == 0 for net in union)
+    ]
+    if open_families:
+        everything = open_families[0]
+        written = ", ".join(cidrs)
+        covers = "" if written == everything else f" (the union of {written} covers it)"
+        return f"{everything} would open the API server to the internet{covers}"
     return None

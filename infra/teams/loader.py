@@ -17,7 +17,6 @@ from pydantic import ValidationError
 from infra.teams.errors import TeamsConfigError, describe, format_loc, one_line
 from infra.teams.team import TeamConfig, TeamsFile
 
-
 # libyaml's parser when PyYAML was built with it (several times faster), else the pure-Python one.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -30,7 +29,7 @@ class _StrictLoader(_SafeLoader):  # type: ignore[misc, valid-type]
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=True)
             try:
                 first = seen.setdefault(key, key_node.start_mark)
             except TypeError:  # an unhashable key (a list or mapping as key): let the constructor refuse it
