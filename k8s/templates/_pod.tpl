@@ -42,6 +42,9 @@ the local demo can run the very same argv after swapping the env entries that na
 - --ckpt-interval={{ int $v.ckptInterval }}
 - --ckpt-keep={{ int $v.ckptKeep }}
 - --ckpt-mode={{ $v.ckptMode }}
+- --ckpt-write-timeout={{ $v.ckptWriteTimeout }}
+- --ckpt-failure-limit={{ int $v.ckptFailureLimit }}
+- {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
 - --collective-timeout={{ $v.collectiveTimeout }}
 - --inprocess-soft-timeout={{ $v.inprocessSoftTimeout }}
