@@ -24,7 +24,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
@@ -92,14 +92,6 @@ def parse_fault(text: str) -> FaultSpec:
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
     return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node)
-
-
-def parse_faults(cli: Iterable[str], env_value: str | None) -> list[FaultSpec]:
-    """All faults from the CLI and the TRAINER_FAULTS value (';'-separated), in that order."""
-    texts = list(cli)
-    if env_value:
-        texts += [t for t in env_value.split(";") if t.strip()]
-    return [parse_fault(t) for t in texts]
 
 
 def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> list[FaultSpec]:
