@@ -439,7 +439,7 @@ def test_nvrx_saves_again_after_a_failed_save_on_the_same_manager(tmp_path: Path
 
     root = tmp_path / "ckpt"
     state = _objects(mesh)
-    mgr = _manager(root, "nvrx", write_timeout_s=60.0)
+    mgr = _manager(root, "nvrx", write_timeout_s=300.0)  # a loaded machine starts the worker slowly
     try:
         _train_step(state, 0)
         mgr.save(0, state)
