@@ -17,20 +17,24 @@ from typing import Any, Literal
 
 from trainer.checkpoint import config as ckpt_config
 from trainer.checkpoint.config import CheckpointConfig
+from trainer.errors import UnrecoverableError, error_line
 from trainer.faults import FAULT_KINDS, FaultSpec, parse_fault
+from trainer.flags import FlagParser
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 
 Device = Literal["auto", "cpu", "cuda"]
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; str() is `config error: <field>: why`."""
+class ConfigError(UnrecoverableError, ValueError):
+    """An invalid configuration value; str() is `config error: <field>: why`, always one line.
+
+    An UnrecoverableError, so one raised after start-up is never retried either (trainer/errors.py).
+    """
 
     def __init__(self, field_name: str, why: str) -> None:
-        super().__init__(f"config error: {field_name}: {why}")
-        self.field = field_name
-        self.why = why
+        super().__init__(field_name, why)
+        self.args = (error_line(self),)
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,13 @@ class TrainConfig:
     fault_seed: int = 0
     """Seed for rank=random in fault specs."""
     metrics_port: int = 0
-    """Prometheus port on rank 0; 0 disables the exporter."""
+    """Prometheus port of local rank 0 on every node (trainer/metrics_export.py); 0 disables it."""
+    metrics_linger: float = 0.0
+    """Seconds a completed run's endpoint waits for one more scrape before the process exits."""
     device: Device = "auto"
+    max_repeated_faults: int = 3
+    """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
+    this many times in a row: a deterministic bug, not a transient fault."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,13 +83,13 @@ class TrainConfig:
         """Raise ConfigError naming the first bad field. Touches no process group."""
         if self.preset not in PRESETS:
             raise ConfigError("preset", f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        if not self.data_path.is_file():
+        if not _is_file(self.data_path):
             raise ConfigError(
                 "data_path", f"{self.data_path} is not a file (write one with python -m trainer.data)"
             )
         if not 1 <= self.seq_len <= self.model.max_seq_len:
             raise ConfigError("seq_len", f"must be in [1, {self.model.max_seq_len}] for preset {self.preset}")
-        for name in ("micro_batch_size", "steps"):
+        for name in ("micro_batch_size", "steps", "max_repeated_faults"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -89,6 +98,8 @@ class TrainConfig:
             raise ConfigError("seed" if self.seed < 0 else "fault_seed", "must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port", f"must be in [0, 65535], got {self.metrics_port}")
+        if not (math.isfinite(self.metrics_linger) and self.metrics_linger >= 0):
+            raise ConfigError("metrics_linger", f"must be >= 0 seconds, got {self.metrics_linger}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("device", f"must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda":
@@ -96,6 +107,9 @@ class TrainConfig:
 
             if not torch.cuda.is_available():
                 raise ConfigError("device", "cuda requested but torch sees no GPU")
+        for name, value in asdict(self.timeouts).items():  # inf would pass the nesting as the outermost
+            if not math.isfinite(value):
+                raise ConfigError(name, f"must be a finite number of seconds, got {value}")
         try:
             self.timeouts.check()
         except TimeoutNestingError as exc:
@@ -113,6 +127,13 @@ class TrainConfig:
         return _jsonable(out)
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name longer than the file system allows
+        return False
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
@@ -126,7 +147,7 @@ def _jsonable(value: Any) -> Any:
 def make_parser() -> argparse.ArgumentParser:
     """The CLI. Option names are fixed: the Helm chart renders them."""
     d = Timeouts()
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="python -m trainer",
         description="FSDP2 LLM trainer with NVRx in-process (tier 1) and ft_launcher (tier 2) recovery.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -168,7 +189,16 @@ def make_parser() -> argparse.ArgumentParser:
         "KIND: " + ", ".join(FAULT_KINDS),
     )
     p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port per node (0 = off)")
+    p.add_argument(
+        "--metrics-linger", type=float, default=0.0, help="seconds a completed run waits for a last scrape"
+    )
+    p.add_argument(
+        "--max-repeated-faults",
+        type=int,
+        default=3,
+        help="tier 1 gives up when the same exception hits the same step this many times in a row",
+    )
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available"
     )
@@ -185,7 +215,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
     """Parse argv (and TRAINER_FAULTS from env) into a validated TrainConfig; raise ConfigError."""
     args = make_parser().parse_args(argv)
     env = dict(os.environ) if env is None else env
-    texts = list(args.fault) + [t for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
+    texts = list(args.fault) + [t.strip() for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
     faults = []
     for text in texts:
         try:
@@ -218,5 +248,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         faults=tuple(faults),
         fault_seed=args.fault_seed,
         metrics_port=args.metrics_port,
+        metrics_linger=args.metrics_linger,
         device=args.device,
+        max_repeated_faults=args.max_repeated_faults,
     )

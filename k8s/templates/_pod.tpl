@@ -52,7 +52,9 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--fault=%s" (get $v.faults $name) | quote }}
 {{- end }}
 - --fault-seed={{ int $v.faultSeed }}
+- --max-repeated-faults={{ int $v.maxRepeatedFaults }}
 - --metrics-port={{ int $v.metricsPort }}
+- --metrics-linger={{ $v.metricsLinger }}
 - {{ printf "--device=%s" $v.device | quote }}
 {{- range $v.extraTrainerArgs }}
 - {{ . | quote }}
@@ -163,9 +165,17 @@ runAsGroup: {{ int .Values.runAsGroup }}
 metadata:
   labels:
     {{- include "trainer.podLabels" . | nindent 4 }}
-  {{- with $v.podAnnotations }}
+  {{- $scrape := and $v.metricsScrapeAnnotations (gt (int $v.metricsPort) 0) }}
+  {{- if or $v.podAnnotations $scrape }}
   annotations:
+    {{- with $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- if $scrape }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ int $v.metricsPort | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
   {{- end }}
 spec:
   restartPolicy: Never
@@ -213,6 +223,7 @@ spec:
             mkdir -p "$(dirname "$DATA_PATH")"
             tmp="${DATA_PATH%.npy}.partial-$(hostname).npy"
             python -m trainer.data --out "$tmp" --tokens {{ int64 $v.syntheticTokens }} --vocab {{ include "trainer.vocabSize" . }} --seed {{ int $v.seed }}
+            mv "$tmp.meta.json" "$DATA_PATH.meta.json"  # its recorded max id: start-up checks skip a full scan
             mv "$tmp" "$DATA_PATH"
           else
             waited=0
