@@ -120,7 +120,8 @@ class Network(Construct):
         # https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html
         key.add_to_resource_policy(
             iam.PolicyStatement(
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                # The regional CloudWatch Logs principal (amazonaws.com.cn in China: the URL suffix).
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.{stack.url_suffix}")],
                 actions=[
                     "kms:Encrypt*",
                     "kms:Decrypt*",

@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,7 @@ class Kube:
         self._spawn(feed, stop, "pod", self.core.list_namespaced_pod, label_selector=pods)
         self._spawn(feed, stop, "event", self.core.list_namespaced_event)
         started_at = self.clock()
+        followed_from = datetime.now(UTC) - timedelta(minutes=5)  # older events are an earlier run's
         state, started = "running", False
         phases: dict[str, str] = {}
         exits: dict[tuple[str, str], ContainerExit] = {}
@@ -180,7 +182,7 @@ class Kube:
                     started |= self._on_pod(obj, phases, exits, following, feed, stop)
                 elif kind == "log-error":
                     self.log(f"  cannot read the log of {event_type}: {obj}")
-                elif kind == "event" and _about(obj, job):
+                elif kind == "event" and _about(obj, job) and _since(obj, followed_from):
                     line = f"{obj.type} {obj.reason} {obj.involved_object.name}: {obj.message}"
                     recent_events.append(line)
                     self.log(f"  event: {line}")
@@ -275,3 +277,14 @@ def _about(event: client.CoreV1Event, job: str) -> bool:
     """Whether an event concerns the Job or one of its pods (pod names start with the Job's name)."""
     name = event.involved_object.name if event.involved_object else ""
     return bool(name) and (name == job or name.startswith(f"{job}-"))
+
+
+def _since(event: client.CoreV1Event, since: datetime) -> bool:
+    """Whether an event happened after `since` (an earlier smoke run's Job may have had the same name;
+    an event without any timestamp is kept)."""
+    when = (
+        event.last_timestamp
+        or event.event_time
+        or (event.metadata.creation_timestamp if event.metadata else None)
+    )
+    return when is None or when >= since

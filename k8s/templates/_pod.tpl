@@ -42,6 +42,9 @@ the local demo can run the very same argv after swapping the env entries that na
 - --ckpt-interval={{ int $v.ckptInterval }}
 - --ckpt-keep={{ int $v.ckptKeep }}
 - {{ printf "--ckpt-mode=%s" $v.ckptMode | quote }}
+- {{ printf "--ckpt-write-timeout=%v" $v.ckptWriteTimeout | quote }}
+- --ckpt-failure-limit={{ int $v.ckptFailureLimit }}
+- {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
 - {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
 - {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}

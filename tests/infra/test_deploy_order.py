@@ -11,7 +11,7 @@ import pytest
 from infra.addons import VPC_CNI_CONFIGURATION
 from infra.storage import PVC_REQUEST
 from tests.infra.conftest import SynthResult
-from tests.infra.helpers import manifests, only, ref, resources
+from tests.infra.helpers import flatten, manifests, only, ref, resources
 
 TEAMS = ["ml-research", "vision", "speech"]
 
@@ -77,7 +77,7 @@ def test_flow_logs_are_encrypted_with_a_key_cloudwatch_logs_may_use(
     assert key["Properties"]["EnableKeyRotation"] is True and key["DeletionPolicy"] == "Retain"
     statements = key["Properties"]["KeyPolicy"]["Statement"]
     (logs,) = [s for s in statements if "Service" in s["Principal"]]
-    assert logs["Principal"]["Service"] == f"logs.{synth.teams[team].region}.amazonaws.com"
+    assert flatten(logs["Principal"]["Service"]) == f"logs.{synth.teams[team].region}.<AWS::URLSuffix>"
     assert {"kms:Encrypt*", "kms:Decrypt*", "kms:GenerateDataKey*"} <= set(logs["Action"])
     # Only for this one log group, named in the encryption context CloudWatch Logs sends.
     arn = json.dumps(logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"])

@@ -158,7 +158,7 @@ def test_loop_commits_the_last_step_before_it_returns(tmp_path: Path, mesh: Any)
     fresh = _objects(mesh, seed=5)
     mgr = _manager(tmp_path / "ckpt")
     try:
-        assert mgr.restore(fresh).step == 9
+        assert mgr.load_latest(fresh).step == 9
     finally:
         mgr.close()
     _assert_same(_full(fresh), expected)
@@ -175,10 +175,7 @@ def test_retention_keeps_the_new_checkpoint_and_never_touches_another_models(
     state = _objects(mesh)
     mgr = _manager(root, keep_latest=1)
     try:
-        restored = mgr.restore(state)
-        assert restored.step == -1 and restored.committed == 1
-        (skipped,) = restored.skipped
-        assert Path(skipped.path).name == "step_00000007" and "shape mismatch" in skipped.reason
+        restored = mgr.load_latest(state)
         for step in range(4):
             _train_step(state, step)
         mgr.save(3, state)
@@ -187,6 +184,9 @@ def test_retention_keeps_the_new_checkpoint_and_never_touches_another_models(
         mgr.close()
     # The old code kept the highest step numbers: it deleted step 3, the checkpoint it had just committed.
     assert _committed(root) == ["step_00000003", "step_00000007"]
+    assert restored.step == -1 and restored.committed == 1
+    (skipped,) = restored.skipped
+    assert Path(skipped.path).name == "step_00000007" and "shape mismatch" in skipped.reason
 
 
 def test_retention_does_not_count_broken_checkpoints_among_the_kept(tmp_path: Path, mesh: Any) -> None:
@@ -200,7 +200,7 @@ def test_retention_does_not_count_broken_checkpoints_among_the_kept(tmp_path: Pa
     state = _objects(mesh, seed=1)
     mgr = _manager(root, keep_latest=2)
     try:
-        assert mgr.restore(state).step == 1
+        assert mgr.load_latest(state).step == 1
         for step in range(2, 6):
             _train_step(state, step)
         mgr.save(5, state)
@@ -275,14 +275,15 @@ def test_a_load_that_fails_half_way_leaves_the_fresh_state_bitwise(tmp_path: Pat
     tried = _objects(mesh, seed=7)
     mgr = _manager(root)
     try:
-        restored = mgr.restore(tried)
+        restored = mgr.load_latest(tried)
     finally:
         mgr.close()
     assert restored.step == -1 and "load failed" in restored.skipped[0].reason
     # Half of the tensors had been overwritten before the error, and asking for the optimizer's state
     # dict had stepped the empty optimizer: a "fresh start" then trained from neither state.
+    assert not tried["optim"].state, "the failed load left optimizer state behind"
     _assert_same(_full(tried), _full(untouched))
-    assert not tried["optim"].state and torch.equal(torch.get_rng_state(), rng)
+    assert torch.equal(torch.get_rng_state(), rng)
     _train_step(tried, 0)
     _train_step(untouched, 0)
     _assert_same(_full(tried), _full(untouched))
@@ -299,10 +300,11 @@ def test_torch_async_writer_writes_nothing_after_abort(
     from torch.distributed.checkpoint import FileSystemWriter
 
     root = tmp_path / "ckpt"
-    release = threading.Event()
+    writing, release = threading.Event(), threading.Event()
     real_write = FileSystemWriter.write_data
 
     def slow(self: Any, plan: Any, planner: Any) -> Any:
+        writing.set()
         release.wait(60)  # a slow storage write, still running when the iteration is aborted
         return real_write(self, plan, planner)
 
@@ -311,7 +313,8 @@ def test_torch_async_writer_writes_nothing_after_abort(
     mgr = _manager(root, "torch-async")
     _train_step(state, 0)
     mgr.save(0, state)
-    mgr.close()  # an in-process restart's teardown: the save is abandoned
+    assert writing.wait(60), "the background write never started"
+    mgr.close()  # an in-process restart's teardown: the save is abandoned mid-write
     release.set()
     deadline = time.monotonic() + 20
     while any(t.name.startswith("AsyncCheckpointExecutor") for t in threading.enumerate()):
@@ -374,7 +377,7 @@ def _assert_next_save_commits(root: Path, state: dict[str, Any], mode: str, mesh
     """The next iteration's first save (a new manager) commits, and its checkpoint loads bitwise."""
     mgr = _manager(root, mode)
     try:
-        assert mgr.restore(_objects(mesh, seed=3)).step == -1
+        assert mgr.load_latest(_objects(mesh, seed=3)).step == -1
         _train_step(state, 1)
         mgr.save(1, state)
         mgr.wait()
@@ -386,7 +389,7 @@ def _assert_next_save_commits(root: Path, state: dict[str, Any], mode: str, mesh
     fresh = _objects(mesh, seed=4)
     mgr = _manager(root)
     try:
-        assert mgr.restore(fresh).step == 1
+        assert mgr.load_latest(fresh).step == 1
     finally:
         mgr.close()
     _assert_same(_full(fresh), expected)
@@ -430,6 +433,32 @@ def test_a_failed_save_is_reported_and_training_goes_on(tmp_path: Path, mesh: An
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
 
 
+def test_nvrx_saves_again_after_a_failed_save_on_the_same_manager(tmp_path: Path, mesh: Any) -> None:
+    from trainer.checkpoint import CheckpointWriteError
+    from trainer.resilience import compat
+
+    root = tmp_path / "ckpt"
+    state = _objects(mesh)
+    mgr = _manager(root, "nvrx", write_timeout_s=300.0)  # a loaded machine starts the worker slowly
+    try:
+        _train_step(state, 0)
+        mgr.save(0, state)
+        mgr.wait()
+        worker = compat.worker_process(mgr._backend._queue_in_use)
+        worker.kill()  # the OOM killer, say: this save fails...
+        worker.join(10)
+        _train_step(state, 1)
+        with pytest.raises(CheckpointWriteError, match="worker died"):
+            mgr.save(1, state)
+            mgr.wait()
+        _train_step(state, 2)  # ...and the next interval, on the same manager, saves again
+        mgr.save(2, state)  # (the old code kept the killed worker's queue: every later save failed)
+        mgr.wait()
+    finally:
+        mgr.close()
+    assert _committed(root) == ["step_00000000", "step_00000002"]
+
+
 def test_ckpt_write_error_fault_fails_one_write_once(tmp_path: Path) -> None:
     from trainer.faults import FaultInjector, InjectedWriteError, parse_fault
 
@@ -466,7 +495,7 @@ def test_a_pending_save_is_not_polled_with_a_collective_every_step(
     real_write = FileSystemWriter.write_data
 
     def slow(self: Any, plan: Any, planner: Any) -> Any:
-        release.wait(60)
+        release.wait(600)  # until step 38, however slow the steps are on a loaded machine
         return real_write(self, plan, planner)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", slow)
