@@ -87,7 +87,9 @@ def test_renders_valid_kubernetes(name: str) -> None:
     manifests = render(VALUE_SETS[name])
     skipped = validate_all(manifests)
     assert skipped <= CRD_KINDS, f"no schema for {skipped - CRD_KINDS}"
-    kinds = sorted(m["kind"] for m in manifests)
+    kinds = sorted(m["kind"] for m in manifests if m["kind"] != "NetworkPolicy")
+    policies = by_kind(manifests, "NetworkPolicy")
+    assert len(policies) == (2 if VALUE_SETS[name].get("networkPolicy", {}).get("enabled", True) else 0)
     if VALUE_SETS[name].get("workload") == "jobset":
         assert kinds == ["JobSet", "Pod", "Pod"]
     else:
@@ -191,6 +193,10 @@ def test_notes_tell_where_the_run_writes() -> None:
     assert result.returncode == 0, result.stderr
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "3 x p5.48xlarge, 24 ranks" in notes
-    assert "batch.kubernetes.io/job-name=x-trainer,batch.kubernetes.io/job-completion-index=0" in notes
+    (job,) = by_kind(render({"nodes": 3}, release="x"), "Job")
+    job_label = (
+        f"batch.kubernetes.io/job-name={job['metadata']['name']},batch.kubernetes.io/job-completion-index=0"
+    )
+    assert job_label in notes
     assert "/fsx/runs/x-trainer" in notes
     assert "helm test x -n team-a" in notes

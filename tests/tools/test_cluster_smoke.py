@@ -1,24 +1,34 @@
-"""tools/cluster_smoke.py up to the cluster: values, manifests, command flow against a fake helm/kubectl.
+"""tools/cluster_smoke.py: the real `kubernetes` client against a local API endpoint (tests/tools/kube_api.py)
+serving watch streams, pod logs and patches; helm through a fake runner (helm needs a real cluster).
 
-No Kubernetes API server can run on this machine, so the commands go to a fake that answers like helm
-and kubectl would; what reaches the (fake) cluster is checked by rendering it with the real chart.
+Scenarios: a run that passes, runs whose summary shows a tier that did not recover, a pod whose init
+container exits 2 (the Job fails at once), a Job whose pods never leave Pending (a clear error after the
+start timeout), other training holding the GPUs (refused, or suspended and resumed).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import numpy as np
 import pytest
+from kubernetes import client
 
 from tests.chart.helm import env_of, render, trainer_container
+from tests.tools.kube_api import FakeKubeApi
 from tools import cluster_smoke as cs
+from tools import smoke_plan
+from tools.kube_watch import ContainerExit, container_exits, job_state
 
+NS = "team-a"
+RELEASE = "trainer-smoke"
+JOB = "trainer-smoke-1a2b3c"  # the chart names the Job after its spec's digest: the tool looks it up
 INFRA_VALUES = {
     "image": {
         "repository": "111.dkr.ecr.us-west-2.amazonaws.com/cdk-hnb659fds-container-assets",
@@ -31,6 +41,66 @@ INFRA_VALUES = {
     "storage": {"claimName": "fsx-shared", "localNvmePath": "/mnt/nvme"},
     "serviceAccountName": "trainer",
 }
+
+
+# -- objects, built with the client's models -------------------------------------------------------
+def labels(release: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "trainer",
+        "app.kubernetes.io/instance": release,
+        "app.kubernetes.io/component": "trainer",
+        "app.kubernetes.io/part-of": "nvrx-eks-blueprint",
+    }
+
+
+def job(name: str = JOB, release: str = RELEASE, condition: str | None = None) -> client.V1Job:
+    conditions = [client.V1JobCondition(type=condition, status="True")] if condition else None
+    return client.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=client.V1ObjectMeta(name=name, labels=labels(release)),
+        spec=client.V1JobSpec(template=client.V1PodTemplateSpec(), suspend=False),
+        status=client.V1JobStatus(conditions=conditions),
+    )
+
+
+def terminated(name: str, code: int, reason: str) -> client.V1ContainerStatus:
+    return client.V1ContainerStatus(
+        name=name,
+        image="trainer:f00d",
+        image_id="",
+        ready=False,
+        restart_count=0,
+        state=client.V1ContainerState(
+            terminated=client.V1ContainerStateTerminated(exit_code=code, reason=reason)
+        ),
+    )
+
+
+def pod(
+    index: int,
+    phase: str,
+    init: Sequence[client.V1ContainerStatus] = (),
+    main: Sequence[client.V1ContainerStatus] = (),
+) -> client.V1Pod:
+    return client.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=client.V1ObjectMeta(name=f"{JOB}-{index}-x{index}", labels=labels(RELEASE)),
+        status=client.V1PodStatus(
+            phase=phase, init_container_statuses=list(init) or None, container_statuses=list(main) or None
+        ),
+    )
+
+
+def event(involved: str, reason: str, message: str) -> client.CoreV1Event:
+    return client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name=f"{involved}.{reason.lower()}"),
+        involved_object=client.V1ObjectReference(kind="Pod", name=involved, namespace=NS),
+        reason=reason,
+        message=message,
+        type="Warning",
+    )
 
 
 def summary(
@@ -56,117 +126,184 @@ def summary(
     }
 
 
-class FakeCluster:
-    """Answers helm and kubectl commands like a cluster where the smoke Job runs and finishes."""
+# -- scenarios: what the cluster does once the release is installed ----------------------------------
+def completes(api: FakeKubeApi, run_summary: dict[str, Any]) -> None:
+    api.add("job", "ADDED", job())
+    for i in (0, 1):
+        api.add("pod", "ADDED", pod(i, "Pending"))
+    api.add("event", "ADDED", event(f"{JOB}-0-x0", "Scheduled", "assigned to node gpu-1"), after_s=0.1)
+    checked = [terminated("check-config", 0, "Completed")]
+    for i in (0, 1):
+        api.logs[(f"{JOB}-{i}-x{i}", "trainer")] = f"pod {i} step 0\npod {i} step 59\n"
+        api.add("pod", "MODIFIED", pod(i, "Running", init=checked), after_s=0.3)
+    for i in (0, 1):
+        done = [terminated("trainer", 0, "Completed")]
+        api.add("pod", "MODIFIED", pod(i, "Succeeded", init=checked, main=done), after_s=0.6)
+    api.add("job", "MODIFIED", job(condition="Complete"), after_s=0.9)
+    api.logs[(f"{cs.fullname(RELEASE)}-test-run", "summary")] = (
+        "some log line\n" + smoke_plan.SUMMARY_MARKER + json.dumps(run_summary) + "\n"
+    )
 
-    def __init__(self, run_summary: dict[str, Any], busy_jobs: Sequence[str] = (), job_end: str = "Complete"):
+
+def config_error(api: FakeKubeApi) -> None:
+    api.add("job", "ADDED", job())
+    api.add("pod", "ADDED", pod(0, "Pending"))
+    api.add("pod", "MODIFIED", pod(0, "Failed", init=[terminated("check-config", 2, "Error")]), after_s=0.3)
+    api.add("job", "MODIFIED", job(condition="Failed"), after_s=0.5)
+
+
+def never_starts(api: FakeKubeApi) -> None:
+    api.add("job", "ADDED", job())
+    for i in (0, 1):
+        api.add("pod", "ADDED", pod(i, "Pending"))
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    api.add("event", "ADDED", event(f"{JOB}-0-x0", "FailedScheduling", message), after_s=0.2)
+
+
+class FakeHelm:
+    """Answers helm like a cluster would; `install` lets the scenario populate the API."""
+
+    def __init__(self, api: FakeKubeApi, on_install: Callable[[FakeKubeApi], None]) -> None:
+        self.api, self.on_install = api, on_install
         self.calls: list[list[str]] = []
         self.installed_values: dict[str, Any] | None = None
-        self.run_summary = run_summary
-        self.busy_jobs = list(busy_jobs)
-        self.job_end = job_end
-        self.job_polls = 0
+        self.patches_at_install = -1
 
     def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
         self.calls.append(argv)
-        tool, words = Path(argv[0]).name, argv[1:]
-        out, rc = "", 0
-        if tool == "helm" and words[:2] == ["get", "values"]:
+        words, out = argv[1:], ""
+        if words[:2] == ["get", "values"]:
             out = json.dumps(INFRA_VALUES)
-        elif tool == "helm" and words[0] == "install":
-            values_file = argv[argv.index("-f") + 1]
-            self.installed_values = json.loads(Path(values_file).read_text())
-        elif tool == "kubectl" and "jobs" in words:
-            items = [{"metadata": {"name": n}, "spec": {}, "status": {}} for n in self.busy_jobs]
-            out = json.dumps({"items": items})
-        elif tool == "kubectl" and "job" in words and "get" in words:
-            self.job_polls += 1
-            done = self.job_polls >= 3
-            conditions = [{"type": self.job_end, "status": "True"}] if done else []
-            out = json.dumps({"status": {"conditions": conditions}})
-        elif tool == "kubectl" and "pods" in words:
-            phase = "Succeeded" if self.job_polls >= 3 else "Running"
-            out = json.dumps({"items": [{"status": {"phase": phase}}] * 2})
-        elif tool == "kubectl" and "logs" in words:
-            out = "some log line\n" + cs.SUMMARY_MARKER + json.dumps(self.run_summary) + "\n"
-        elif tool == "helm" and words[0] == "test":
-            out = "TEST SUITE: trainer-smoke-test-run\nPhase: Succeeded"
-        return subprocess.CompletedProcess(argv, rc, out, "")
+        elif words[0] == "install":
+            self.installed_values = json.loads(Path(argv[argv.index("-f") + 1]).read_text())
+            self.patches_at_install = len(self.api.patches)
+            self.on_install(self.api)
+        elif words[0] == "test":
+            out = "TEST SUITE: trainer-smoke-trainer-test-run\nPhase: Succeeded"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    def did(self, verb: str) -> bool:
+        return any(c[1] == verb for c in self.calls)
 
 
-def run_main(fake: FakeCluster, *extra: str) -> int:
-    argv = ["--namespace", "team-a", "--poll", "0", "--helm", "helm", "--kubectl", "kubectl", *extra]
-    return cs.main(argv, runner=fake)
+def run_smoke(
+    scenario: Callable[[FakeKubeApi], None], tmp_path: Path, *extra: str, busy: Sequence[str] = ()
+) -> tuple[int, FakeHelm, FakeKubeApi]:
+    with FakeKubeApi(NS) as api:
+        for name in busy:
+            api.add("job", "ADDED", job(name=name, release="trainer"))
+        helm = FakeHelm(api, scenario)
+        argv = ["--namespace", NS, "--helm", "helm", "--logs-dir", str(tmp_path / "logs"), *extra]
+        rc = cs.main(argv, runner=helm, api_client=api.api_client())
+    return rc, helm, api
 
 
-def test_passes_when_both_tiers_recovered(capsys: pytest.CaptureFixture[str]) -> None:
-    fake = FakeCluster(summary())
-    assert run_main(fake) == 0
+# -- the flow ---------------------------------------------------------------------------------------
+def test_passes_when_both_tiers_recovered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, helm, api = run_smoke(lambda a: completes(a, summary()), tmp_path)
     out = capsys.readouterr().out
+    assert rc == 0, out
     assert "PASS: both tiers recovered" in out
     assert "tier 1, recovered" in out and "tier 2, recovered" in out
-    commands = [" ".join(c[:3]) for c in fake.calls]
-    assert commands[0] == "helm get values"
-    assert any(c.startswith("helm install trainer-smoke") for c in commands)
-    assert commands[-1].startswith("helm uninstall trainer-smoke")
-    # The summary is read from the run-summary test pod of this release.
-    logs = next(c for c in fake.calls if "logs" in c)
-    assert "trainer-smoke-test-run" in logs and all("-n" in c for c in fake.calls)
+    # Pod phases and events came from the watch streams.
+    assert f"pod {JOB}-0-x0: Pending" in out and f"pod {JOB}-1-x1: Succeeded" in out
+    assert f"event: Warning Scheduled {JOB}-0-x0: assigned to node gpu-1" in out
+    assert any(
+        "watch=" not in r and r.startswith("GET /apis/batch/v1/namespaces/team-a/jobs") for r in api.requests
+    )
+    assert [" ".join(c[1:3]) for c in helm.calls] == [
+        "get values",
+        f"install {RELEASE}",
+        f"test {RELEASE}",
+        f"uninstall {RELEASE}",
+    ]
+    assert all(c[-2:] == ["-n", NS] for c in helm.calls)
+    # The summary was read from the run-summary test pod's log through the API.
+    assert f"GET /api/v1/namespaces/{NS}/pods/{cs.fullname(RELEASE)}-test-run/log" in api.requests
+
+
+def test_streams_the_trainer_logs_to_files(tmp_path: Path) -> None:
+    rc, _, _ = run_smoke(lambda a: completes(a, summary()), tmp_path)
+    assert rc == 0
+    deadline = time.monotonic() + 10  # the log threads may still be writing the last line
+    log = tmp_path / "logs" / f"{JOB}-1-x1.log"
+    while time.monotonic() < deadline and "step 59" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.05)
+    assert log.read_text() == "pod 1 step 0\npod 1 step 59\n"
 
 
 @pytest.mark.parametrize(
-    ("run_summary", "job_end", "reason"),
+    ("run_summary", "reason"),
     [
-        (summary(tier1=False), "Complete", "no recovered tier-1 fault"),
-        (summary(tier2=False), "Complete", "no recovered tier-2 fault"),
-        (summary(status="failed", final=30), "Failed", "the run did not complete"),
-        (summary(final=45), "Complete", "the run stopped at step 45"),
+        (summary(tier1=False), "no recovered tier-1 fault"),
+        (summary(tier2=False), "no recovered tier-2 fault"),
+        (summary(final=45), "the run stopped at step 45"),
     ],
 )
 def test_fails_when_a_tier_did_not_recover(
-    run_summary: dict[str, Any], job_end: str, reason: str, capsys: pytest.CaptureFixture[str]
+    run_summary: dict[str, Any], reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeCluster(run_summary, job_end=job_end)
-    assert run_main(fake) == 1
+    rc, helm, _ = run_smoke(lambda a: completes(a, run_summary), tmp_path)
+    assert rc == 1
     assert reason in capsys.readouterr().out
-    assert not any("uninstall" in c for c in fake.calls)  # kept for inspection
+    assert not helm.did("uninstall")  # kept for inspection
 
 
-def test_unrecovered_fault_fails() -> None:
-    s = summary()
-    s["faults"][1]["recovered"] = False
-    verdict = cs.evaluate(s, cs.SmokePlan())
-    assert not verdict.ok
-    assert any("tier 2, NOT recovered" in line for line in verdict.lines)
+def test_a_pod_that_exits_2_fails_the_run_with_its_container_and_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, helm, _ = run_smoke(config_error, tmp_path)
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    expected = f"pod {JOB}-0-x0: init container check-config exited 2 (Error): a usage or configuration error"
+    assert f"FAIL: {expected}" in out
+    assert "FAIL: the Job ended failed" in out
+    assert not helm.did("test") and not helm.did("uninstall")
 
 
-def test_refuses_while_other_training_holds_the_gpus(capsys: pytest.CaptureFixture[str]) -> None:
-    fake = FakeCluster(summary(), busy_jobs=["trainer"])
-    assert run_main(fake) == 2
+def test_a_job_that_never_starts_is_a_clear_error_after_its_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = time.monotonic()
+    rc, helm, _ = run_smoke(never_starts, tmp_path, "--start-timeout", "1")
+    elapsed = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"job {JOB}: no pod started within 1 s ({JOB}-0-x0 Pending, {JOB}-1-x1 Pending)" in err
+    assert "FailedScheduling" in err and "Insufficient nvidia.com/gpu" in err
+    assert 1 <= elapsed < 60
+    assert not helm.did("test")
+
+
+def test_refuses_while_other_training_holds_the_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, helm, api = run_smoke(lambda a: completes(a, summary()), tmp_path, busy=["trainer-9f9f9f"])
+    assert rc == 2
     assert "--suspend-running" in capsys.readouterr().err
-    assert not any(c[1] == "install" for c in fake.calls if c[0] == "helm")
+    assert not helm.did("install") and not api.patches
 
 
-def test_suspends_and_resumes_other_training() -> None:
-    fake = FakeCluster(summary(), busy_jobs=["trainer"])
-    assert run_main(fake, "--suspend-running") == 0
-    patches = [c for c in fake.calls if "patch" in c]
-    assert [json.loads(c[-1])["spec"]["suspend"] for c in patches] == [True, False]
-    assert fake.calls.index(patches[0]) < next(i for i, c in enumerate(fake.calls) if "install" in c)
+def test_suspends_and_resumes_other_training(tmp_path: Path) -> None:
+    busy = "trainer-9f9f9f"
+    rc, helm, api = run_smoke(lambda a: completes(a, summary()), tmp_path, "--suspend-running", busy=[busy])
+    assert rc == 0
+    assert api.patches == [(busy, {"spec": {"suspend": True}}), (busy, {"spec": {"suspend": False}})]
+    assert helm.patches_at_install == 1  # suspended before the install, resumed after
 
 
 def test_installed_values_render_a_valid_faulted_run(tmp_path: Path) -> None:
     """What the tool installs: Contract 1 kept, valid Kubernetes, flags the trainer accepts."""
     from trainer.config import config_from_args
 
-    fake = FakeCluster(summary())
-    assert run_main(fake) == 0
-    values = fake.installed_values
+    rc, helm, _ = run_smoke(lambda a: completes(a, summary()), tmp_path)
+    assert rc == 0
+    values = helm.installed_values
     assert values is not None
-    for key in cs.CONTRACT_1_KEYS:
+    for key in smoke_plan.CONTRACT_1_KEYS:
         assert values[key] == INFRA_VALUES[key]
-    manifests = render(values, release="trainer-smoke")
+    manifests = render(values, release=RELEASE)
     for manifest in manifests:
         kubernetes_validate.validate(manifest, "1.35.0", strict=True)
     container = trainer_container(manifests)
@@ -183,32 +320,52 @@ def test_installed_values_render_a_valid_faulted_run(tmp_path: Path) -> None:
     assert env["OUT_DIR"].startswith("/fsx/runs/trainer-smoke-")  # a fresh run directory each time
 
 
+# -- the pieces -------------------------------------------------------------------------------------
 def test_render_only_needs_no_cluster(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cs.main(["--render-only", "--namespace", "team-a"]) == 0
+    assert cs.main(["--render-only", "--namespace", NS]) == 0
     out = capsys.readouterr().out
     assert "kind: Job" in out
     assert "--fault=exception:step=20:rank=1" in out
 
 
-def test_job_state_and_summary_parsing() -> None:
-    assert cs.job_state({"status": {}}) == "running"
-    assert cs.job_state({"status": {"conditions": [{"type": "Complete", "status": "True"}]}}) == "complete"
-    assert cs.job_state({"status": {"conditions": [{"type": "FailureTarget", "status": "True"}]}}) == "failed"
-    assert cs.job_state({"status": {"conditions": [{"type": "Failed", "status": "False"}]}}) == "running"
-    assert cs.parse_summary('x\nRUN_SUMMARY {"steps": 3}\n') == {"steps": 3}
-    with pytest.raises(cs.SmokeError):
-        cs.parse_summary("no summary here")
+def test_job_state_and_exit_codes_from_the_models() -> None:
+    assert job_state(job()) == "running"
+    assert job_state(job(condition="Complete")) == "complete"
+    assert job_state(job(condition="FailureTarget")) == "failed"
+    not_yet = job()
+    not_yet.status = client.V1JobStatus(conditions=[client.V1JobCondition(type="Failed", status="False")])
+    assert job_state(not_yet) == "running"
+    failed = pod(
+        0,
+        "Failed",
+        init=[terminated("check-config", 0, "Completed")],
+        main=[terminated("trainer", 1, "Error")],
+    )
+    assert container_exits(failed) == [
+        ContainerExit(f"{JOB}-0-x0", "check-config", 0, "Completed", init=True),
+        ContainerExit(f"{JOB}-0-x0", "trainer", 1, "Error", init=False),
+    ]
 
 
-def test_fullname_matches_the_chart() -> None:
+def test_summary_parsing_and_verdict() -> None:
+    assert smoke_plan.parse_summary('x\nRUN_SUMMARY {"steps": 3}\n') == {"steps": 3}
+    with pytest.raises(smoke_plan.SmokeError):
+        smoke_plan.parse_summary("no summary here")
+    s = summary()
+    s["faults"][1]["recovered"] = False
+    verdict = smoke_plan.evaluate(s, smoke_plan.SmokePlan())
+    assert not verdict.ok
+    assert any("tier 2, NOT recovered" in line for line in verdict.lines)
+
+
+def test_test_pod_names_match_the_chart() -> None:
     for release in ("trainer-smoke", "smoke", "a-long-release-name-for-a-training-run-of-team-alpha"):
-        manifests = render({}, release=release)
-        job = next(m for m in manifests if m["kind"] == "Job")
-        assert cs.fullname(release) == job["metadata"]["name"]
+        pods = [m["metadata"]["name"] for m in render({}, release=release) if m["kind"] == "Pod"]
+        assert f"{cs.fullname(release)}-test-run" in pods
 
 
 def test_plan_rejects_faults_that_cannot_both_fire() -> None:
-    with pytest.raises(cs.SmokeError):
-        cs.SmokePlan(steps=30, soft_fault_step=20, hard_fault_step=40)
-    with pytest.raises(cs.SmokeError):
-        cs.smoke_values({**INFRA_VALUES, "nodes": 1, "gpusPerNode": 1}, cs.SmokePlan(), "r")
+    with pytest.raises(smoke_plan.SmokeError):
+        smoke_plan.SmokePlan(steps=30, soft_fault_step=20, hard_fault_step=40)
+    with pytest.raises(smoke_plan.SmokeError):
+        smoke_plan.smoke_values({**INFRA_VALUES, "nodes": 1, "gpusPerNode": 1}, smoke_plan.SmokePlan(), "r")
