@@ -420,7 +420,15 @@ def test_at_start_up_under_a_launcher_the_same_line_exits_93(
     )
     assert status == 93
     assert_one_line(err, "fault", "rank 2 does not exist (world size 2, from WORLD_SIZE)")
-    assert not (tmp_path / "out").exists()
+    # No events: nothing started. The record makes a relaunch (ft_launcher 0.4.1) exit 93 at once.
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["unrecoverable.json"]
+    from trainer.verdict import recorded_line
+
+    argv = [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=2"]
+    line = recorded_line(argv, os.environ)
+    assert line is not None and line.startswith("config error: fault: ") and "found by rank 1" in line
+    assert recorded_line(argv, {**os.environ, "TORCHELASTIC_RUN_ID": "another-job"}) is None
+    assert recorded_line([*argv, "--steps=11"], os.environ) is None  # the user changed something
 
 
 # ---- as the init container runs it ---------------------------------------------------------------------
