@@ -13,7 +13,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup synth test test-fast lint demo bench bench-quick smoke-render cluster-smoke clean
+.PHONY: help setup prometheus synth test test-fast lint demo bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -38,16 +38,22 @@ synth: setup ## Synthesize one CloudFormation template per team of $(TEAMS) into
 	$(CDK) synth --quiet -c teams_file=$(TEAMS) > /dev/null
 	@ls cdk.out/*.template.json
 
-test: setup ## Run the whole test suite
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The metrics test scrapes a real run with a real Prometheus server (Debian's package); skipped when on PATH.
+prometheus: ## Install Debian's prometheus if it is not on PATH (apt-get; sudo when not root)
+	@command -v prometheus >/dev/null || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus; }
+
+# BLUEPRINT_REQUIRE_TOOLS=1: a test that needs helm or the CDK CLI fails (never skips) when it is missing.
+test: setup prometheus ## Run the whole test suite
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup ## Run the tests that need no multi-process training
-	$(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: setup ## ruff and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy infra trainer
+	$(VENV)/bin/mypy infra trainer goodput
 
 demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU, report
 	$(PY) -m tools.demo --teams $(TEAMS)

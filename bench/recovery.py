@@ -33,14 +33,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
-import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +46,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.recovery_measure import aggregate, measure
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,7 +93,7 @@ class RecoveryConfig:
     fault_step: int = 8
     ckpt_interval: int = 3
     ckpt_mode: str | None = "torch-async"
-    """None: the trainer's default mode."""
+    """None: nvrx, the chart's (and the trainer's) default mode."""
     tokens: int = 200_000
     # Short, so a hang costs seconds, yet above the longest wait of a healthy rank for a slow one on a
     # loaded 2-core machine (4 s was seen to time out a checkpoint finalize with no fault at all).
@@ -142,46 +141,45 @@ def make_data(path: Path, cfg: RecoveryConfig) -> Path:
     return path
 
 
+def pod_values(cfg: RecoveryConfig, sc: Scenario) -> dict[str, Any]:
+    """The chart values of one scenario: one local node, the benchmark's run and timeouts. The launcher's
+    stop and term timeouts and the rendezvous join timeout keep ft_launcher's and torch's own defaults
+    (30 s, 1800 s, 600 s), which the recovery figures were measured with."""
+    return {
+        "nodes": 1,
+        "gpusPerNode": cfg.nproc,
+        "maxRestarts": sc.launcher_restarts,
+        "monitorInterval": cfg.monitor_interval,
+        "ftRankHeartbeatTimeout": cfg.heartbeat_timeout,
+        "ftInitialRankHeartbeatTimeout": cfg.initial_heartbeat_timeout,
+        "ftWorkloadCheckInterval": cfg.workload_check_interval,
+        "workersStopTimeout": 30,
+        "terminationGracePeriodSeconds": 1810,  # the chart passes --term-timeout = this - 10
+        "rdzvJoinTimeout": 600,
+        "preset": cfg.preset,
+        "seqLen": cfg.seq_len,
+        "microBatchSize": cfg.micro_batch_size,
+        "steps": cfg.steps,
+        "seed": 0,
+        "ckptInterval": cfg.ckpt_interval,
+        "ckptKeep": 3,
+        "ckptMode": cfg.ckpt_mode or "nvrx",
+        "inprocess": sc.inprocess,
+        "collectiveTimeout": cfg.collective_timeout,
+        "inprocessSoftTimeout": cfg.inprocess_soft_timeout,
+        "inprocessHardTimeout": cfg.inprocess_hard_timeout,
+        "inprocessBarrierTimeout": cfg.inprocess_barrier_timeout,
+        "faults": {"bench": f"{sc.fault}:step={cfg.fault_step}:rank={sc.fault_rank}"},
+        "extraTrainerArgs": list(cfg.extra_trainer_args),
+    }
+
+
 def pod_command(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path, port: int) -> list[str]:
-    """The pod command of Contract 2, for one local node."""
-    launcher = str(Path(sys.executable).parent / "ft_launcher")
-    argv = [
-        launcher,
-        "--nnodes=1",
-        f"--nproc-per-node={cfg.nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        f"--rdzv-id=bench-{run_dir.name}",
-        f"--max-restarts={sc.launcher_restarts}",
-        f"--monitor-interval={cfg.monitor_interval}",
-        "--ft-restart-policy=any-failed",
-        f"--ft-rank-heartbeat-timeout={cfg.heartbeat_timeout}",
-        f"--ft-initial-rank-heartbeat-timeout={cfg.initial_heartbeat_timeout}",
-        f"--ft-workload-check-interval={cfg.workload_check_interval}",
-        "-m",
-        "trainer",
-        f"--preset={cfg.preset}",
-        f"--data-path={data}",
-        f"--seq-len={cfg.seq_len}",
-        f"--micro-batch-size={cfg.micro_batch_size}",
-        f"--steps={cfg.steps}",
-        "--seed=0",
-        f"--ckpt-dir={run_dir / 'ckpt'}",
-        f"--ckpt-local-dir={run_dir / 'local'}",
-        f"--ckpt-interval={cfg.ckpt_interval}",
-        f"--out-dir={run_dir / 'out'}",
-        "--inprocess" if sc.inprocess else "--no-inprocess",
-        f"--collective-timeout={cfg.collective_timeout}",
-        f"--inprocess-soft-timeout={cfg.inprocess_soft_timeout}",
-        f"--inprocess-hard-timeout={cfg.inprocess_hard_timeout}",
-        f"--inprocess-barrier-timeout={cfg.inprocess_barrier_timeout}",
-        f"--heartbeat-timeout={cfg.heartbeat_timeout}",
-        f"--fault={sc.fault}:step={cfg.fault_step}:rank={sc.fault_rank}",
-        "--device=cpu",
-    ]
-    if cfg.ckpt_mode:
-        argv.append(f"--ckpt-mode={cfg.ckpt_mode}")
-    return argv + list(cfg.extra_trainer_args)
+    """The pod command of Contract 2 as the chart renders it, for one local node."""
+    from tools.podcommand import LocalPlaces, pod_argv
+
+    places = LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt", run_dir / "local")
+    return pod_argv(pod_values(cfg, sc), places)
 
 
 def run_once(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path) -> dict[str, Any]:
@@ -229,132 +227,6 @@ def run_once(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path) -> di
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-
-
-def measure(
-    out_dir: Path, sc: Scenario, t_launch: float, exits: Sequence[dict[str, float]], rc: int | None
-) -> dict[str, Any]:
-    """Recovery figures of one run from its event files (and the pod exits, for a full restart)."""
-    from trainer.metrics import read_events, summarize
-
-    summary = summarize(out_dir)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    events, _ = read_events(out_dir)
-    rec: dict[str, Any] = {
-        "scenario": sc.name,
-        "rc": rc,
-        "status": summary.get("status"),
-        "wall_s": summary.get("wall_s"),
-        "efficiency": summary.get("training_efficiency"),
-        "launch_to_first_step_s": None,
-    }
-    # Every recovery starts rank 0 afresh (a new process or Wrapper iteration); one start plus one per
-    # injected fault is expected, any more is a restart nobody injected (e.g. a collective timeout).
-    starts0 = sum(1 for e in events if e["ev"] == "run_start" and int(e["rank"]) == 0)
-    rec["unplanned_restarts"] = max(0, starts0 - 2)
-    steps0 = [e for e in events if e["ev"] == "step" and int(e["rank"]) == 0]
-    if steps0:
-        rec["launch_to_first_step_s"] = float(steps0[0]["t_start"]) - t_launch
-    faults = [e for e in events if e["ev"] == "fault_injected"]
-    rec["ok"] = bool(rc == 0 and summary.get("status") == "completed" and len(faults) == 1)
-    if not faults:
-        rec["error"] = "no fault_injected event"
-        return rec
-    fault = faults[0]
-    tf = float(fault["t"])
-    report = (summary.get("faults") or [{}])[0]
-    rec.update(
-        tier=report.get("tier"),
-        mttr_s=report.get("mttr_s"),
-        steps_recomputed=report.get("steps_recomputed"),
-        recovered=report.get("recovered"),
-    )
-    after = [e for e in events if float(e["t"]) > tf]
-    detected = next((e for e in after if e["ev"] == "fault_detected"), None)
-    if sc.job_restarts and len(exits) > 1:
-        # Nobody survives to report it: the job "knows" when its pod has failed.
-        t_detect: float | None = float(exits[0]["t"])
-        rec["detected_by"] = f"pod exit {exits[0]['rc']}"
-    else:
-        # The launcher notices a dead or failed worker before any survivor is told (and a worker that
-        # raised on its own writes no fault_detected), so take whichever came first.
-        seen = [(float(detected["t"]), f"tier {detected['tier']}: {detected['reason']}")] if detected else []
-        seen += [(t, f"ft_launcher: {text}") for t, text in launcher_failures(out_dir.parent) if t > tf]
-        t_detect, rec["detected_by"] = min(seen) if seen else (None, None)
-    start = next((e for e in after if e["ev"] == "run_start" and int(e["rank"]) == 0), None)
-    restore = next((e for e in after if e["ev"] == "restore" and int(e["rank"]) == 0), None)
-    first = next((e for e in after if e["ev"] == "step" and int(e["rank"]) == 0), None)
-    rec["detection_s"] = None if t_detect is None else t_detect - tf
-    rec["resume_s"] = None if first is None else float(first["t_start"]) - tf
-    redo = next(
-        (
-            e
-            for e in after
-            if e["ev"] == "step" and int(e["rank"]) == 0 and int(e["step"]) == int(fault["step"])
-        ),
-        None,
-    )
-    rec["regain_s"] = None if redo is None else float(redo["t_start"]) - tf
-    rec["load_s"] = None if restore is None else float(restore["load_s"])
-    if None not in (t_detect, start, restore, first):
-        assert t_detect is not None and start is not None and restore is not None and first is not None
-        t_start, t_rest = float(start["t"]), float(restore["t"])
-        load = float(restore["load_s"])
-        rec["phases"] = {
-            "detect": t_detect - tf,
-            "restart": t_start - t_detect,
-            "init": (t_rest - load) - t_start,
-            "load": load,
-            "first_step": float(first["t_start"]) - t_rest,
-        }
-    return rec
-
-
-LAUNCHER_FAILURE = re.compile(
-    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\] \[\w+\] \[ft_launcher[^\]]*\] "
-    r".*(failed \(exitcode|UNHEALTHY|[Hh]eartbeat|hung)"
-)
-
-
-def launcher_failures(run_dir: Path) -> list[tuple[float, str]]:
-    """(unix time, message) of each worker failure ft_launcher logged (it stamps local time, ms)."""
-    found = []
-    for log in sorted(run_dir.glob("pod*.log")):
-        for line in log.read_text(errors="replace").splitlines():
-            m = LAUNCHER_FAILURE.match(line)
-            if m:
-                t = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                found.append((t, line[m.end(1) + 1 :].split("] ", 2)[-1][:160]))
-    return found
-
-
-def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Median, min and max of each figure per scenario, over the successful repetitions."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in dict.fromkeys(r["scenario"] for r in records):
-        runs = [r for r in records if r["scenario"] == name]
-        good = [r for r in runs if r.get("ok")]
-        entry: dict[str, Any] = {
-            "runs": len(runs),
-            "ok": len(good),
-            "unplanned_restarts": sum(int(r.get("unplanned_restarts") or 0) for r in runs),
-        }
-        keys = ("detection_s", "mttr_s", "resume_s", "regain_s", "load_s", "steps_recomputed")
-        for key in (*keys, "launch_to_first_step_s"):
-            entry[key] = spread([r[key] for r in good if r.get(key) is not None])
-        phases = [r["phases"] for r in good if r.get("phases")]
-        if phases:
-            entry["phases"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
-        out[name] = entry
-    return out
-
-
-def spread(values: Sequence[float]) -> dict[str, float] | None:
-    """Median, min, max and count of ``values`` (None when empty)."""
-    if not values:
-        return None
-    vals = [float(v) for v in values]
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
 def run(names: Sequence[str], reps: int, work: Path, cfg: RecoveryConfig, log: Any = print) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from aws_cdk import Acknowledgment, CfnCondition, Stack, Validations
 from aws_cdk import aws_lambda as lambda_
 from constructs import IConstruct
 
+from infra.collectors import CloudWatchCollection
 from infra.team_stack import TeamStack
 from infra.teams.aws_rules import partition_of
 
@@ -38,6 +39,12 @@ _KUBECTL_REASON = (
     "Part of CDK's aws_eks_v2 kubectl provider (a CDK-owned custom resource that runs kubectl/helm in the "
     "VPC): its runtime, managed Lambda execution policies and asset-bucket read grants are set by CDK, "
     "are scoped to this stack's bootstrap bucket and handler, and cannot be changed without forking CDK."
+)
+
+
+_CLOUDWATCH_AGENT_REASON = (
+    "The CloudWatch agents (Container Insights add-on and the trainer scraper) use the AWS-maintained "
+    "CloudWatchAgentServerPolicy that the add-on documents; AWS updates it as the agent gains metrics."
 )
 
 
@@ -85,6 +92,9 @@ def acknowledge_findings(stack: TeamStack) -> None:
     _ack(cluster.role, [_managed("AmazonEKSClusterPolicy")], _CLUSTER_ROLE_REASON)
     for nodegroup in (stack.cluster.system_nodegroup, stack.gpu.nodegroup):
         _ack(nodegroup.role, [_managed(p) for p in _NODE_ROLE_POLICIES], _NODE_ROLE_REASON)
+    collection = stack.observability.collection
+    if isinstance(collection, CloudWatchCollection):
+        _ack(collection.role, [_managed("CloudWatchAgentServerPolicy")], _CLOUDWATCH_AGENT_REASON)
     provider = cluster.node.try_find_child("KubectlProvider")
     if provider is not None:
         _ack(provider, _kubectl_findings(stack, provider, partition_of(stack.team.region)), _KUBECTL_REASON)

@@ -13,12 +13,13 @@ from infra.cluster import Cluster
 from infra.config import TeamConfig
 from infra.gpu_nodegroup import GpuNodeGroup
 from infra.network import Network
+from infra.observability import Observability
 from infra.storage import SharedStorage
 from infra.trainer_release import TrainerRelease
 
 
 class TeamStack(Stack):
-    """VPC, EKS cluster, GPU node group, add-ons, FSx and the trainer release of one team."""
+    """VPC, EKS cluster, GPU node group, add-ons, FSx, observability and the trainer release of one team."""
 
     def __init__(self, scope: Construct, *, team: TeamConfig, chart_dir: Path, image_dir: Path) -> None:
         super().__init__(
@@ -50,6 +51,10 @@ class TeamStack(Stack):
             cluster=eks_cluster,
             namespace=self.addons.namespace,
         )
+        self.observability = Observability(
+            self, "Observability", team_name=team.name, config=team.observability, cluster=eks_cluster
+        )
+        self.observability.node.add_dependency(self.addons.namespace)  # the scraper's Role lives there
         self.trainer: TrainerRelease | None = None
         if team.deploy_trainer:
             self.trainer = TrainerRelease(
@@ -57,6 +62,8 @@ class TeamStack(Stack):
             )
             self.trainer.release.node.add_dependency(self.addons.namespace_objects)
             self.trainer.release.node.add_dependency(self.storage.pvc_manifest)
+            # With the Prometheus collector the release renders a PodMonitor: its CRD comes with the stack.
+            self.trainer.release.node.add_dependency(self.observability)
         self._wait_for_system_nodes()
 
     def _wait_for_system_nodes(self) -> None:

@@ -16,6 +16,7 @@ from infra.addons import TRAINER_SERVICE_ACCOUNT
 from infra.config import TeamConfig
 from infra.instance_types import GPU_INSTANCE_TYPES
 from infra.nvme_userdata import LOCAL_NVME_PATH
+from infra.observability import trainer_metrics_values
 from infra.storage import FSX_PVC_NAME
 
 TRAINER_RELEASE = "trainer"
@@ -33,6 +34,7 @@ def trainer_values(team: TeamConfig, image_repository: str, image_tag: str) -> d
         "storage": {"claimName": FSX_PVC_NAME, "localNvmePath": LOCAL_NVME_PATH},
         "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
         "suspend": not team.start_trainer,
+        **trainer_metrics_values(team.observability),
     }
 
 

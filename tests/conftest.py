@@ -1,13 +1,18 @@
-"""Shared fixtures: free ports and the repository root."""
+"""Shared fixtures: free ports, the repository root, the tools `make setup` installs (helm, CDK CLI)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+HELM = REPO_ROOT / ".tools" / "bin" / "helm"
+CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
+# `make test` sets it: there a missing tool is a failure (make setup installed it), never a skip.
+REQUIRE_TOOLS_ENV = "BLUEPRINT_REQUIRE_TOOLS"
 
 
 def free_port() -> int:
@@ -20,3 +25,25 @@ def free_port() -> int:
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+def require_tool(path: Path, what: str) -> Path:
+    """``path`` if it exists; else fail under ``make test`` (BLUEPRINT_REQUIRE_TOOLS=1), skip elsewhere."""
+    if path.exists():
+        return path
+    message = f"{what} not installed at {path} (`make setup` installs it)"
+    if os.environ.get(REQUIRE_TOOLS_ENV) == "1":
+        pytest.fail(f"{message}; {REQUIRE_TOOLS_ENV}=1 requires it")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def helm_bin() -> Path:
+    """The project's helm binary (.tools/bin/helm)."""
+    return require_tool(HELM, "helm")
+
+
+@pytest.fixture
+def cdk_cli() -> Path:
+    """The CDK CLI (node_modules/.bin/cdk)."""
+    return require_tool(CDK, "the CDK CLI")

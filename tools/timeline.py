@@ -1,6 +1,8 @@
-"""Draw a run's timeline (productive steps, recomputed steps, checkpoints, faults, recoveries) as a PNG.
+"""Draw a run's timeline (productive steps, recomputed steps, checkpoints, faults, recoveries) as a PNG,
+over the live goodput curve a collector scraping the trainer would have recorded.
 
-Reads the trainer's event files (Contract 3 in docs/design.md) through trainer.metrics.
+Reads the trainer's event files (Contract 3 in docs/design.md) through trainer.metrics; the curve is the
+exporter's own `trainer_goodput_ratio` (trainer/metrics_export.py) replayed at each scrape time.
 """
 
 from __future__ import annotations
@@ -14,9 +16,31 @@ matplotlib.use("Agg")  # headless: the demo runs on machines with no display
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from trainer.metrics import read_events
+from trainer.metrics import read_events, summarize_events
+from trainer.metrics_export import live_goodput
 
 TIER_COLOURS = {1: "#e69f00", 2: "#d55e00"}
+SCRAPE_S = 1.0  # the replayed scrape interval (a cluster collector scrapes every 30 s)
+
+
+def goodput_curve(events: list[dict[str, Any]], scrape_s: float = SCRAPE_S) -> list[tuple[float, float]]:
+    """(time, trainer_goodput_ratio) at every scrape from the first to the last event: what the exporter
+    would have served then, from the events written by then."""
+    if not events:
+        return []
+    t0, t_end = float(events[0]["t"]), float(events[-1]["t"])
+    curve: list[tuple[float, float]] = []
+    k, now = 0, t0 + scrape_s
+    while True:
+        now = min(now, t_end)
+        while k < len(events) and float(events[k]["t"]) <= now:
+            k += 1
+        value = live_goodput(summarize_events(events[:k]), t0, now)
+        if value is not None:
+            curve.append((now, value))
+        if now >= t_end:
+            return curve
+        now += scrape_s
 
 
 def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
@@ -31,7 +55,9 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
         kept[e["step"]] = e
     kept_ids = {id(e) for e in kept.values()}
 
-    fig, ax = plt.subplots(figsize=(12, 3.2))
+    fig, (ax, gax) = plt.subplots(
+        2, 1, figsize=(12, 5.4), sharex=True, gridspec_kw={"height_ratios": [3.2, 2.2]}
+    )
     for e in steps:
         colour = "#009e73" if id(e) in kept_ids else "#999999"
         ax.broken_barh([(e["t_start"] - t0, e["t_end"] - e["t_start"])], (2.0, 0.8), color=colour)
@@ -54,7 +80,22 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
         ax.text(t_fault, 3.05, label, fontsize=8, color=colour, va="bottom")
     ax.set_yticks([1.4, 2.4], ["checkpoint", "training"])
     ax.set_ylim(0.6, 3.9)
-    ax.set_xlabel("wall time since start (s)")
+    curve = goodput_curve(events)
+    gax.plot([t - t0 for t, _ in curve], [v * 100 for _, v in curve], color="#009e73", linewidth=1.6)
+    final = summary.get("training_efficiency")
+    if final is not None:
+        gax.axhline(final * 100, color="#555555", linestyle=":", linewidth=1)
+        gax.text(0, final * 100 + 2, f"summary.json: {final:.1%}", fontsize=8, color="#555555")
+    for fault in summary.get("faults", []):
+        gax.axvline(fault["t"] - t0, color=TIER_COLOURS.get(fault.get("tier"), "#cc0000"), linestyle="--")
+    gax.set_ylim(0, 100)
+    gax.set_ylabel("live goodput (%)")
+    gax.set_title(
+        f"trainer_goodput_ratio as a collector scraping every {SCRAPE_S:g} s records it",
+        fontsize=9,
+        loc="left",
+    )
+    gax.set_xlabel("wall time since start (s)")
     efficiency = summary.get("training_efficiency")
     title = "Smoke run timeline"
     if efficiency is not None:

@@ -64,7 +64,9 @@ class TrainConfig:
     fault_seed: int = 0
     """Seed for rank=random in fault specs."""
     metrics_port: int = 0
-    """Prometheus port on rank 0; 0 disables the exporter."""
+    """Prometheus port of local rank 0 on every node (trainer/metrics_export.py); 0 disables it."""
+    metrics_linger: float = 0.0
+    """Seconds a completed run's endpoint waits for one more scrape before the process exits."""
     device: Device = "auto"
     max_repeated_faults: int = 3
     """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
@@ -96,6 +98,8 @@ class TrainConfig:
             raise ConfigError("seed" if self.seed < 0 else "fault_seed", "must be >= 0")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port", f"must be in [0, 65535], got {self.metrics_port}")
+        if not (math.isfinite(self.metrics_linger) and self.metrics_linger >= 0):
+            raise ConfigError("metrics_linger", f"must be >= 0 seconds, got {self.metrics_linger}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError("device", f"must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda":
@@ -185,7 +189,10 @@ def make_parser() -> argparse.ArgumentParser:
         "KIND: " + ", ".join(FAULT_KINDS),
     )
     p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port per node (0 = off)")
+    p.add_argument(
+        "--metrics-linger", type=float, default=0.0, help="seconds a completed run waits for a last scrape"
+    )
     p.add_argument(
         "--max-repeated-faults",
         type=int,
@@ -241,6 +248,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         faults=tuple(faults),
         fault_seed=args.fault_seed,
         metrics_port=args.metrics_port,
+        metrics_linger=args.metrics_linger,
         device=args.device,
         max_repeated_faults=args.max_repeated_faults,
     )

@@ -1,4 +1,4 @@
-"""The run's event log (Contract 3 of docs/design.md), its summary, and a Prometheus exporter.
+"""The run's event log (Contract 3 of docs/design.md) and its summary.
 
 Every rank appends JSON lines to `<out-dir>/events.rank<R>.jsonl`. The file is opened in append mode and
 line-buffered: each event is one write(2) of one full line, so it survives a SIGKILL of the process a
@@ -6,7 +6,8 @@ moment later (the kernel has it), and restarted processes keep appending to the 
 losing the tail of the log on a kernel crash is acceptable, stalling every step on the disk is not.
 
 `summarize()` reads those files back and derives the goodput figures; it is a pure function of the files,
-so the demo, the benchmarks and the tests all compute the same numbers.
+so the demo, the benchmarks and the tests all compute the same numbers. The live Prometheus figures
+(trainer/metrics_export.py) are `summarize_events()` of the same events, read while the run writes them.
 """
 
 from __future__ import annotations
@@ -54,13 +55,12 @@ def _json_default(obj: Any) -> Any:
 class EventLog:
     """Appends Contract 3 events for one rank. `iteration` is updated by the loop on in-process restarts."""
 
-    def __init__(self, out_dir: str | Path, rank: int, *, exporter: PrometheusExporter | None = None) -> None:
+    def __init__(self, out_dir: str | Path, rank: int) -> None:
         self.path = events_path(out_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         self.iteration = 0
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        self.exporter = exporter
         self._lock = threading.Lock()  # the checkpoint finalizer may emit from another thread
         self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (lives with the log)
 
@@ -83,8 +83,6 @@ class EventLog:
         line = json.dumps(record, default=_json_default)
         with self._lock:
             self._file.write(line + "\n")
-        if self.exporter is not None:
-            self.exporter.update(record)
         return record
 
     def close(self) -> None:
@@ -97,6 +95,15 @@ class EventLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def parse_event_line(line: str) -> dict[str, Any] | None:
+    """One line of an event file as a record, or None if it is unreadable (e.g. torn by a SIGKILL)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) and "ev" in record and "t" in record else None
 
 
 def read_events(out_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
@@ -112,15 +119,11 @@ def read_events(out_dir: str | Path) -> tuple[list[dict[str, Any]], int]:
                 line = line.strip()
                 if not line:
                     continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
+                record = parse_event_line(line)
+                if record is None:
                     bad += 1
-                    continue
-                if isinstance(record, dict) and "ev" in record and "t" in record:
-                    events.append(record)
                 else:
-                    bad += 1
+                    events.append(record)
     events.sort(key=lambda e: float(e["t"]))
     return events, bad
 
@@ -232,7 +235,11 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
     event its checkpoint includes (steps after it are the ones redone).
     Step events are taken from rank 0 only, as Contract 3 has only rank 0 write them.
     """
-    events, bad = read_events(out_dir)
+    return summarize_events(*read_events(out_dir))
+
+
+def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, Any]:
+    """summarize() of events already read (sorted by time, as read_events returns them)."""
     by_ev: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         by_ev.setdefault(e["ev"], []).append(e)
@@ -299,69 +306,3 @@ def write_summary(out_dir: str | Path) -> Path:
     tmp.write_text(json.dumps(summarize(out_dir), indent=2, default=_json_default) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-class PrometheusExporter:
-    """Serves the trainer's live figures on http://<addr>:<port>/metrics, fed with rank 0's events.
-
-    Port 0 picks a free port (read it back from `.port`).
-
-    Create it once per process, outside any in-process restart loop (it owns a listening socket), and
-    pass it to rank 0's EventLog. It uses its own registry, so building it twice in one process is safe.
-    """
-
-    def __init__(self, port: int, *, addr: str = "0.0.0.0", start: bool = True) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge
-
-        self.port, self.addr = port, addr
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.step = Gauge("trainer_step", "Last completed global step", registry=r)
-        self.loss = Gauge("trainer_loss", "Loss of the last step", registry=r)
-        self.step_seconds = Gauge("trainer_step_seconds", "Duration of the last step", registry=r)
-        self.tokens = Counter("trainer_tokens", "Tokens processed by this process", registry=r)
-        self.ckpt_blocked = Gauge(
-            "trainer_ckpt_blocked_seconds", "Time the loop was blocked by the last save", registry=r
-        )
-        self.ckpt_commits = Counter("trainer_ckpt_commits", "Checkpoints committed", registry=r)
-        self.ckpt_last_step = Gauge("trainer_ckpt_last_step", "Step of the last commit", registry=r)
-        self.faults = Counter("trainer_faults_detected", "Faults detected", ["tier"], registry=r)
-        self.restores = Counter("trainer_restores", "Checkpoint restores", registry=r)
-        self.restore_seconds = Gauge("trainer_restore_seconds", "Duration of the last restore", registry=r)
-        self._server: Any = None
-        if start:
-            self.start()
-
-    def start(self) -> None:
-        """Start serving (idempotent)."""
-        if self._server is None:
-            from prometheus_client import start_http_server
-
-            self._server, _ = start_http_server(self.port, addr=self.addr, registry=self.registry)
-            if self.port == 0:
-                self.port = int(self._server.server_port)
-
-    def update(self, record: dict[str, Any]) -> None:
-        """Apply one event record (as written by EventLog.emit)."""
-        ev = record["ev"]
-        if ev == "step":
-            self.step.set(record["step"])
-            self.loss.set(float(record["loss"]))
-            self.step_seconds.set(float(record["t_end"]) - float(record["t_start"]))
-            self.tokens.inc(int(record["tokens"]))
-        elif ev == "ckpt_save":
-            self.ckpt_blocked.set(float(record["blocked_s"]))
-        elif ev == "ckpt_commit":
-            self.ckpt_commits.inc()
-            self.ckpt_last_step.set(record["step"])
-        elif ev == "fault_detected":
-            self.faults.labels(tier=str(record["tier"])).inc()
-        elif ev == "restore":
-            self.restores.inc()
-            self.restore_seconds.set(float(record["load_s"]))
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None

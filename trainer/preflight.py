@@ -24,7 +24,7 @@ from trainer.data_check import check_token_file
 from trainer.faults import RANDOM
 
 if TYPE_CHECKING:
-    from trainer.metrics import PrometheusExporter
+    from trainer.metrics_server import MetricsServer
 
 
 @dataclass(frozen=True)
@@ -139,12 +139,15 @@ def _bind_error(port: int, exc: OSError) -> str:
     return f"cannot listen on port {port} ({exc.strerror or exc}); pick another --metrics-port"
 
 
-def open_exporter(port: int) -> PrometheusExporter:
-    """The rank-0 Prometheus exporter; a port taken meanwhile is a ConfigError, not a traceback."""
-    from trainer.metrics import PrometheusExporter
+def open_metrics_server(out_dir: Path, port: int, *, rank: int, local_rank: int) -> MetricsServer | None:
+    """This node's metrics endpoint (local rank 0 serves it; 0 = off); a port taken meanwhile is a
+    ConfigError, not a traceback or a silently missing endpoint."""
+    if port <= 0 or local_rank != 0:
+        return None
+    from trainer.metrics_server import MetricsServer
 
     try:
-        return PrometheusExporter(port)
+        return MetricsServer(out_dir, port, rank=rank)
     except OSError as exc:
         raise ConfigError("metrics_port", _bind_error(port, exc)) from None
 
@@ -153,7 +156,7 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     """Run every check that needs no process group; raise ConfigError naming the field.
 
     `check_config`: in the init container every pod tries to bind the metrics port; at start-up only
-    global rank 0 does (it is the one that serves it; another local rank would race with it).
+    local rank 0 does (it serves the node's endpoint; another local rank would race with it).
     """
     env = os.environ if env is None else env
     world = world_from_env(env)
@@ -162,5 +165,5 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     )
     check_dirs(cfg)
     check_fault_targets(cfg, world)
-    check_metrics_port(cfg.metrics_port, env, try_bind=check_config or env.get("RANK", "0") == "0")
+    check_metrics_port(cfg.metrics_port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
     return world

@@ -41,7 +41,7 @@ from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, err
 from trainer.faults import FaultInjector, resolve_ranks
 from trainer.metrics import EventLog, write_summary
 from trainer.model import build_model
-from trainer.preflight import open_exporter
+from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports
 from trainer.verdict import RepeatGuard
 
@@ -284,8 +284,10 @@ class Trainer:
         self.proc = ProcessInfo.from_env()
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
-        exporter = open_exporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
-        self.events = EventLog(cfg.out_dir, self.proc.rank, exporter=exporter)
+        self.metrics = open_metrics_server(
+            cfg.out_dir, cfg.metrics_port, rank=self.proc.rank, local_rank=self.proc.local_rank
+        )
+        self.events = EventLog(cfg.out_dir, self.proc.rank)
         specs = resolve_ranks(cfg.faults, self.proc.world_size, cfg.fault_seed)
         self.faults = FaultInjector(
             specs,
@@ -514,6 +516,8 @@ def main(cfg: TrainConfig) -> int:
     finally:
         trainer.heartbeat.stop()
         trainer.events.close()
+    if trainer.metrics is not None:  # a completed run: let the collector see its final figures
+        trainer.metrics.linger(cfg.metrics_linger)
     return 0
 
 

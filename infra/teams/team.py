@@ -18,6 +18,7 @@ from infra.teams.base import StrictModel
 from infra.teams.errors import FieldError
 from infra.teams.network import NetworkConfig
 from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
+from infra.teams.observability import ObservabilityConfig
 from infra.teams.storage import FsxConfig
 
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
@@ -38,6 +39,7 @@ class TeamConfig(StrictModel):
     gpu_node_group: GpuNodeGroupConfig = GpuNodeGroupConfig()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     fsx: FsxConfig = FsxConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
     gpu_quota: Annotated[int, Field(ge=1)] | None = None
     """nvidia.com/gpu the team namespace may request; default: everything the GPU node group can hold."""
     deploy_trainer: bool = True

@@ -54,6 +54,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - --fault-seed={{ int $v.faultSeed }}
 - --max-repeated-faults={{ int $v.maxRepeatedFaults }}
 - --metrics-port={{ int $v.metricsPort }}
+- --metrics-linger={{ $v.metricsLinger }}
 - {{ printf "--device=%s" $v.device | quote }}
 {{- range $v.extraTrainerArgs }}
 - {{ . | quote }}
@@ -164,9 +165,17 @@ runAsGroup: {{ int .Values.runAsGroup }}
 metadata:
   labels:
     {{- include "trainer.podLabels" . | nindent 4 }}
-  {{- with $v.podAnnotations }}
+  {{- $scrape := and $v.metricsScrapeAnnotations (gt (int $v.metricsPort) 0) }}
+  {{- if or $v.podAnnotations $scrape }}
   annotations:
+    {{- with $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
+    {{- end }}
+    {{- if $scrape }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ int $v.metricsPort | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
   {{- end }}
 spec:
   restartPolicy: Never

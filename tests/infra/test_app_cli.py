@@ -70,17 +70,14 @@ def test_standalone_app_reads_cdk_json_and_writes_cdk_out(monkeypatch: pytest.Mo
     assert app.node.try_get_context("teams_file") == cdk_json["context"]["teams_file"] == "teams.yaml"
 
 
-@pytest.mark.skipif(
-    not (REPO_ROOT / "node_modules/.bin/cdk").exists(), reason="cdk CLI not installed (make setup)"
-)
-def test_cdk_cli_synth_of_one_team(tmp_path: Path) -> None:
+def test_cdk_cli_synth_of_one_team(tmp_path: Path, cdk_cli: Path) -> None:
     """`cdk synth -c teams_file=... -c team=NAME` writes exactly that team's template (`make synth` path)."""
     teams = tmp_path / "teams.yaml"
     teams.write_text((REPO_ROOT / "teams.yaml").read_text())
     env = dict(os.environ, JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20")
     run = subprocess.run(
         [
-            "node_modules/.bin/cdk",
+            str(cdk_cli),
             "synth",
             "--quiet",
             "-o",

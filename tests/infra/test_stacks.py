@@ -272,7 +272,7 @@ def test_access_entries_for_every_admin(synth: SynthResult, cdk_templates: dict)
 @pytest.mark.parametrize("team", ALL_TEAMS)
 def test_kms_keys_rotate_and_are_retained(team: str, templates: dict) -> None:
     keys = resources(templates[team], "AWS::KMS::Key")
-    assert len(keys) == 3  # EKS secrets, FSx, VPC flow logs
+    assert len(keys) == 4  # EKS secrets, FSx, VPC flow logs, the alarm topic (infra/observability.py)
     for key in keys:
         assert key["Properties"]["EnableKeyRotation"] is True
         assert (key["DeletionPolicy"], key["UpdateReplacePolicy"]) == ("Retain", "Retain")
@@ -427,6 +427,8 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
         "storage",
         "serviceAccountName",
         "suspend",
+        "networkPolicy",  # observability (tests/infra/test_observability.py)
+        "podMonitor",
     }
     assert set(values["image"]) == {"repository", "tag"} and values["image"]["tag"]
     assert ".dkr.ecr." in values["image"]["repository"]

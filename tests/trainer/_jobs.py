@@ -12,22 +12,50 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import REPO_ROOT, free_port
+from tools.podcommand import LocalPlaces, pod_argv, trainer_argv
 
 STEPS = 10
 CKPT_INTERVAL = 3  # saves after steps 2, 5, 8
-# Nested as trainer/resilience/timeouts.py requires; short so a hang costs seconds, not minutes.
-TIMEOUTS = ["--collective-timeout=3", "--inprocess-soft-timeout=5", "--inprocess-hard-timeout=30",
-            "--inprocess-barrier-timeout=40", "--heartbeat-timeout=60"]  # fmt: skip
 JOB_TIMEOUT_S = 240
+# The chart values (k8s/values.yaml names) of the small, fast CPU run every test here starts from; the
+# command itself comes from the rendered chart (tools/podcommand.py), as a pod runs it.
+RUN_VALUES: dict[str, Any] = {
+    "preset": "tiny",
+    "seqLen": 32,
+    "microBatchSize": 2,
+    "steps": STEPS,
+    "ckptInterval": CKPT_INTERVAL,
+    "ckptKeep": 3,
+    "ckptMode": "sync",
+    "seed": 11,
+    # Nested as trainer/resilience/timeouts.py requires; short so a hang costs seconds, not minutes.
+    "collectiveTimeout": 3,
+    "inprocessSoftTimeout": 5,
+    "inprocessHardTimeout": 30,
+    "inprocessBarrierTimeout": 40,
+    "ftRankHeartbeatTimeout": 60,
+    # ft_launcher: 2 local ranks with heartbeat monitoring, short timeouts.
+    "nodes": 1,
+    "gpusPerNode": 2,
+    "maxRestarts": 2,
+    "monitorInterval": 0.5,
+    "ftInitialRankHeartbeatTimeout": 120,
+    "ftWorkloadCheckInterval": 1,
+    "workersStopTimeout": 5,
+    "terminationGracePeriodSeconds": 15,  # --term-timeout=5
+    "rdzvJoinTimeout": 600,  # torch's own default
+}
 
 
 def trainer_args(data: Path, out: Path, *extra: str, steps: int = STEPS) -> list[str]:
-    """The trainer's options for a small, fast CPU run."""
-    return [
-        "-m", "trainer", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
-        f"--steps={steps}", f"--ckpt-interval={CKPT_INTERVAL}", "--ckpt-keep=3", "--ckpt-mode=sync",
-        f"--out-dir={out}", "--device=cpu", "--seed=11", *TIMEOUTS, *extra,
-    ]  # fmt: skip
+    """The trainer's part of the pod command (`-m trainer ...`) for a small, fast CPU run, then `extra`."""
+    return [*trainer_argv({**RUN_VALUES, "steps": steps}, LocalPlaces(free_port(), data, out)), *extra]
+
+
+def pod_command(data: Path, out: Path, *extra: str, max_restarts: int = 2) -> list[str]:
+    """The whole pod command (ft_launcher, 2 local ranks, then the trainer), then `extra`."""
+    values = {**RUN_VALUES, "maxRestarts": max_restarts}
+    return [*pod_argv(values, LocalPlaces(free_port(), data, out)), *extra]
 
 
 def torchrun(max_restarts: int = 0, nproc: int = 2) -> list[str]:
@@ -36,18 +64,6 @@ def torchrun(max_restarts: int = 0, nproc: int = 2) -> list[str]:
     return [exe, "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--max-restarts={max_restarts}",
             "--monitor-interval=0.2"]  # fmt: skip
-
-
-def ft_launcher(max_restarts: int = 2) -> list[str]:
-    """ft_launcher for 2 local ranks with heartbeat monitoring (Contract 2's flags, short timeouts)."""
-    exe = str(Path(sys.executable).with_name("ft_launcher"))
-    return [
-        exe, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=loop-test",
-        f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "--ft-restart-policy=any-failed",
-        "--ft-rank-heartbeat-timeout=60", "--ft-initial-rank-heartbeat-timeout=120",
-        "--ft-workload-check-interval=1", "--workers-stop-timeout=5", "--term-timeout=5",
-    ]  # fmt: skip
 
 
 def run_job(argv: list[str], log: Path, timeout_s: float = JOB_TIMEOUT_S) -> int:

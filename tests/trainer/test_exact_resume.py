@@ -14,12 +14,11 @@ import pytest
 
 from tests.trainer._jobs import (
     assert_completed,
-    ft_launcher,
     log_tail,
     of,
+    pod_command,
     read_events,
     run_job,
-    trainer_args,
 )
 
 
@@ -31,15 +30,13 @@ def _final_hash(out: Path) -> str:
 @pytest.mark.slow
 def test_faults_of_both_tiers_end_in_the_same_state_as_a_clean_run(tmp_path: Path, token_file: Path) -> None:
     clean, clean_log = tmp_path / "clean", tmp_path / "clean.log"
-    assert run_job([*ft_launcher(), *trainer_args(token_file, clean)], clean_log) == 0, log_tail(clean_log)
+    assert run_job(pod_command(token_file, clean), clean_log) == 0, log_tail(clean_log)
     assert_completed(clean, clean_log)
     assert not of(read_events(clean), "fault_injected")
 
     faulty, faulty_log = tmp_path / "faulty", tmp_path / "faulty.log"
     faults = ["--fault=exception:step=4:rank=1", "--fault=sigkill:step=7:rank=0"]
-    assert run_job([*ft_launcher(), *trainer_args(token_file, faulty, *faults)], faulty_log) == 0, log_tail(
-        faulty_log
-    )
+    assert run_job(pod_command(token_file, faulty, *faults), faulty_log) == 0, log_tail(faulty_log)
     summary = assert_completed(faulty, faulty_log)
     evs = read_events(faulty)
 

@@ -1,16 +1,15 @@
-"""Event log (Contract 3), summary figures from hand-written event files, and the Prometheus exporter."""
+"""Event log (Contract 3) and summary figures from hand-written event files (exporter: elsewhere)."""
 
 from __future__ import annotations
 
 import json
 import os
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from trainer.metrics import COMMON_FIELDS, EventLog, PrometheusExporter, read_events, summarize, write_summary
+from trainer.metrics import COMMON_FIELDS, EventLog, read_events, summarize, write_summary
 
 
 def _write(path: Path, events: list[dict[str, Any]], torn_tail: bool = False) -> None:
@@ -182,19 +181,3 @@ def test_event_log_appends_common_fields_across_processes(
     )
     assert events[1]["path"] == "/x"
     assert json.loads(write_summary(tmp_path).read_text())["status"] == "unknown"  # rank 0 wrote no run_end
-
-
-def test_prometheus_exporter_serves_rank0_events(tmp_path: Path) -> None:
-    exporter = PrometheusExporter(0, addr="127.0.0.1")
-    try:
-        log = EventLog(tmp_path, rank=0, exporter=exporter)
-        log.emit("step", step=12, t_start=1.0, t_end=1.25, loss=3.5, tokens=256)
-        log.emit("fault_detected", tier=1, reason="x")
-        log.emit("ckpt_commit", step=10, path="p", total_s=1.0)
-        log.close()
-        body = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).read().decode()
-    finally:
-        exporter.close()
-    assert "trainer_step 12.0" in body and "trainer_loss 3.5" in body
-    assert "trainer_step_seconds 0.25" in body and "trainer_tokens_total 256.0" in body
-    assert 'trainer_faults_detected_total{tier="1"} 1.0' in body and "trainer_ckpt_last_step 10.0" in body

@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import REPO_ROOT as REPO
 from tests.conftest import free_port
 from tools.localpods import LocalJob, PodSpec
+from tools.podcommand import LocalPlaces, pod_argv
 from trainer.resilience.heartbeat import RANK_MONITOR_SOCKET_ENV, Heartbeat
 
 
@@ -197,46 +198,34 @@ TIMEOUTS = {
 JOB_TIMEOUT_S = 240.0
 
 
-def _ft_launcher() -> str:
-    return str(Path(sys.executable).with_name("ft_launcher"))
-
-
 def _pod_argv(port: int, nnodes: int, nproc: int, out: Path, data: Path, extra: list[str]) -> list[str]:
+    """The pod command as the chart renders it (tools/podcommand.py), with these values, then `extra`."""
     t = TIMEOUTS
-    return [
-        _ft_launcher(),
-        f"--nnodes={nnodes}",
-        f"--nproc-per-node={nproc}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=tier2-test",
-        "--max-restarts=6",
-        "--monitor-interval=0.5",
-        "--ft-restart-policy=any-failed",
-        f"--ft-rank-heartbeat-timeout={t['heartbeat']}",
-        f"--ft-initial-rank-heartbeat-timeout={t['initial_heartbeat']}",
-        f"--ft-workload-check-interval={t['check_interval']}",
-        "--workers-stop-timeout=5",
-        "--term-timeout=5",
-        "-m",
-        "trainer",
-        "--preset=tiny",
-        f"--data-path={data}",
-        "--seq-len=32",
-        "--micro-batch-size=2",
-        f"--steps={STEPS}",
-        f"--ckpt-interval={CKPT_INTERVAL}",
-        "--ckpt-keep=2",
-        "--ckpt-mode=sync",
-        f"--out-dir={out}",
-        "--device=cpu",
-        f"--collective-timeout={t['collective']}",
-        f"--inprocess-soft-timeout={t['soft']}",
-        f"--inprocess-hard-timeout={t['hard']}",
-        f"--inprocess-barrier-timeout={t['barrier']}",
-        f"--heartbeat-timeout={t['heartbeat']}",
-        *extra,
-    ]
+    values = {
+        "nodes": nnodes,
+        "gpusPerNode": nproc,
+        "maxRestarts": 6,
+        "monitorInterval": 0.5,
+        "ftRankHeartbeatTimeout": t["heartbeat"],
+        "ftInitialRankHeartbeatTimeout": t["initial_heartbeat"],
+        "ftWorkloadCheckInterval": t["check_interval"],
+        "workersStopTimeout": 5,
+        "terminationGracePeriodSeconds": 15,  # --term-timeout=5
+        "rdzvJoinTimeout": 600,  # torch's own default
+        "preset": "tiny",
+        "seqLen": 32,
+        "microBatchSize": 2,
+        "steps": STEPS,
+        "seed": 1234,  # the trainer's default
+        "ckptInterval": CKPT_INTERVAL,
+        "ckptKeep": 2,
+        "ckptMode": "sync",
+        "collectiveTimeout": t["collective"],
+        "inprocessSoftTimeout": t["soft"],
+        "inprocessHardTimeout": t["hard"],
+        "inprocessBarrierTimeout": t["barrier"],
+    }
+    return [*pod_argv(values, LocalPlaces(port, data, out)), *extra]
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ Ports (the chart must open them between pods, the local runner must keep them fr
     MASTER_PORT       the launcher's rendezvous/agent store (ft_launcher/torchrun own it)
     MASTER_PORT + 1   the training process group's TCPStore, hosted by global rank 0 (TRAINER_PG_PORT)
     MASTER_PORT + 2   the in-process Wrapper's TCPStore, hosted by global rank 0 (TRAINER_INPROCESS_PORT)
-    --metrics-port    Prometheus exporter of rank 0 (0 = off)
+    --metrics-port    Prometheus endpoint of local rank 0 on every node (0 = off; a taken port is skipped)
 
 Why three stores: the launcher's store outlives worker restarts and carries its own keys; the PG's store
 gets a fresh key prefix per restart iteration; the Wrapper's store must survive the PG being torn down.

@@ -1,0 +1,42 @@
+"""The `observability:` block of a team in the teams file: which collector, where alarms go, thresholds.
+
+TeamConfig (infra/teams/team.py) holds it as one field; errors surface as
+`teams[i].observability.<field>: message` through the teams file's error formatting.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from infra.teams.base import StrictModel
+
+
+class AlarmThresholds(StrictModel):
+    """When the team's alarms fire (each routed to the alarm topic)."""
+
+    no_progress_minutes: Annotated[int, Field(ge=1, le=1440)] = 15
+    """"No progress": no training step ended for this long while the run is not finished."""
+    min_goodput_last_hour: Annotated[float, Field(gt=0, le=1)] = 0.8
+    """"Goodput below X": productive share of the last hour (trainer_goodput_last_hour_ratio) under this."""
+    max_checkpoint_age_minutes: Annotated[int, Field(ge=1, le=10080)] = 90
+    """"Checkpoint older than Y": no durable checkpoint for this long (keep it above the save interval)."""
+
+
+class ObservabilityConfig(StrictModel):
+    """Collection of cluster, GPU, EFA and trainer metrics, the team dashboard and its alarms."""
+
+    collector: Literal["cloudwatch", "prometheus"] = "cloudwatch"
+    """cloudwatch: the amazon-cloudwatch-observability EKS add-on (Container Insights with GPU and EFA
+    metrics) plus a CloudWatch agent that scrapes the trainer; prometheus: kube-prometheus-stack and the
+    DCGM exporter, pinned Helm charts in the `monitoring` namespace (docs/infra.md explains the choice)."""
+    alarm_topic_name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,256}$")] | None = None
+    """Name of the SNS topic the stack creates for the alarms; default `<team>-training-alarms`."""
+    alarm_emails: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]] = []
+    """E-mail addresses subscribed to the alarm topic (each confirms the subscription once)."""
+    scrape_interval_s: Annotated[int, Field(ge=10, le=300)] = 30
+    """How often the collector scrapes the trainer's endpoint."""
+    cloudwatch_addon_version: Annotated[str, Field(pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")] | None = None
+    """amazon-cloudwatch-observability add-on version; none: EKS's default for the cluster's version."""
+    alarms: AlarmThresholds = AlarmThresholds()

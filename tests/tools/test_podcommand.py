@@ -1,0 +1,57 @@
+"""tools/podcommand.py: the pod command the tests and benchmarks run is the chart's, with only the places
+that name the cluster swapped for local ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chart.helm import env_of, render, trainer_container
+from tools.podcommand import LOCAL_VALUES, LocalPlaces, RenderError, pod_argv, trainer_argv
+from tools.podspec import expand
+
+VALUES = {
+    "preset": "tiny",
+    "seqLen": 32,
+    "steps": 12,
+    "ckptMode": "sync",
+    "maxRestarts": 6,
+    "faults": {"a": "sigkill:step=7:rank=1"},
+    "extraTrainerArgs": ["--lr=0.001"],
+}
+PLACES = LocalPlaces(4321, Path("/data/t.npy"), Path("/runs/r1"))
+
+
+def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
+    rendered = trainer_container(render({**LOCAL_VALUES, **VALUES}, release="local", namespace="local"))
+    raw = [*rendered["command"], *rendered["args"]]
+    got = pod_argv(VALUES, PLACES)
+    assert len(got) == len(raw)
+    assert Path(got[0]).name == raw[0] == "ft_launcher"
+    assert Path(got[0]).is_file(), "ft_launcher must come from this virtualenv"
+    # Every other argument is the rendered one; a $(VAR) reference is expanded from the pod's env with
+    # only the local places replaced.
+    env = {**env_of(rendered), **PLACES.env()}
+    for before, after in zip(raw[1:], got[1:], strict=True):
+        assert after == expand(before, env)
+        if "$(" not in before:
+            assert after == before
+    assert "--rdzv-endpoint=127.0.0.1:4321" in got
+    assert "--out-dir=/runs/r1" in got and "--ckpt-dir=/runs/r1/ckpt" in got
+    assert "--ckpt-local-dir=/runs/r1-local" in got and "--data-path=/data/t.npy" in got
+    assert "--max-restarts=6" in got and "--fault=sigkill:step=7:rank=1" in got
+    assert got[-1] == "--lr=0.001" and "--metrics-port=0" in got and "--device=cpu" in got
+
+
+def test_trainer_argv_is_the_part_after_the_launcher() -> None:
+    full = pod_argv(VALUES, PLACES)
+    part = trainer_argv(VALUES, PLACES)
+    assert part[:2] == ["-m", "trainer"] and full[-len(part) :] == part
+    assert "--steps=12" in part and not any(a.startswith("--rdzv") for a in part)
+
+
+def test_values_the_chart_rejects_stop_with_helms_message() -> None:
+    # The chart checks that the timeouts nest; the builder surfaces its message, it does not run.
+    with pytest.raises(RenderError, match="collectiveTimeout"):
+        pod_argv({"collectiveTimeout": 500, "inprocessSoftTimeout": 5}, PLACES)

@@ -1,0 +1,104 @@
+"""The trainer's pod command for local runs, taken from the rendered chart: one builder for the tests
+and the benchmarks, so what they run cannot drift from what a pod runs (Contract 2 of docs/design.md).
+
+``pod_argv(values, places)`` renders k8s/ with ``helm template`` and the given chart values, takes the
+trainer container's argv (``ft_launcher ... -m trainer ...``) and expands its ``$(VAR)`` references
+the way the kubelet does, with the env entries that name cluster places (rendezvous endpoint, data,
+checkpoint and output paths) swapped for local ones; ``ft_launcher`` comes from this virtualenv.
+``trainer_argv`` is the part after the launcher (``-m trainer ...``), for runs under torchrun or alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tools.podspec import PodTemplate, load_manifests, trainer_pod
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "k8s"
+HELM = REPO / ".tools" / "bin" / "helm"
+VENV_BIN = Path(sys.executable).parent
+
+# Values every local run needs whatever it tests: CPU, no EFA devices, no metrics port (ranks of
+# several local "pods" share one host), the Job not suspended.
+LOCAL_VALUES: dict[str, Any] = {"device": "cpu", "efaPerNode": 0, "metricsPort": 0, "suspend": False}
+
+
+class RenderError(RuntimeError):
+    """helm could not render the chart with these values (its stderr is the message)."""
+
+
+@dataclass(frozen=True)
+class LocalPlaces:
+    """Where a local run keeps what a pod keeps on the cluster (the env entries Contract 2 names)."""
+
+    rdzv_port: int
+    data: Path
+    out_dir: Path
+    ckpt_dir: Path | None = None
+    """Default: ``out_dir/ckpt``, the trainer's own default."""
+    local_ckpt_dir: Path | None = None
+    """Default: ``out_dir/../local``: a node-local tier beside the run, never inside ``ckpt_dir``."""
+
+    def env(self) -> dict[str, str]:
+        out = self.out_dir
+        return {
+            "RDZV_ENDPOINT": f"127.0.0.1:{self.rdzv_port}",
+            "DATA_PATH": str(self.data),
+            "OUT_DIR": str(out),
+            "CHECKPOINT_DIR": str(self.ckpt_dir or out / "ckpt"),
+            "LOCAL_CHECKPOINT_DIR": str(self.local_ckpt_dir or out.parent / f"{out.name}-local"),
+        }
+
+
+def render(values: Mapping[str, Any]) -> PodTemplate:
+    """The trainer pod of the chart rendered with ``LOCAL_VALUES`` and then ``values``."""
+    return _render(json.dumps({**LOCAL_VALUES, **values}, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=32)
+def _render(values_json: str) -> PodTemplate:
+    if not HELM.is_file():
+        raise RenderError(f"{HELM} is missing: run `make setup` (it installs helm)")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as vf:
+        yaml.safe_dump(json.loads(values_json), vf)  # a values file: numbers keep their YAML types
+        vf.flush()
+        proc = subprocess.run(
+            [str(HELM), "template", "local", str(CHART), "--namespace", "local", "-f", vf.name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    if proc.returncode != 0:
+        raise RenderError(f"helm template failed: {proc.stderr.strip()}")
+    return trainer_pod(load_manifests(proc.stdout))
+
+
+def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
+    """The trainer container's argv as the kubelet would exec it, with local places and launcher."""
+    trainer = render(values).trainer
+    argv = trainer.resolved_argv(places.env())
+    if "$(" in " ".join(argv):
+        raise RenderError(f"unexpanded $(VAR) left in the pod command: {argv}")
+    launcher = VENV_BIN / argv[0]
+    return [str(launcher) if launcher.is_file() else argv[0], *argv[1:]]
+
+
+def trainer_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
+    """The trainer's part of the pod command: ``-m trainer`` and its options."""
+    argv = pod_argv(values, places)
+    for i in range(len(argv) - 1):
+        if argv[i : i + 2] == ["-m", "trainer"]:
+            return argv[i:]
+    raise RenderError(f"no `-m trainer` in the pod command: {argv}")

@@ -1,0 +1,335 @@
+"""Live Prometheus figures of a run, computed from the same event log as summary.json.
+
+Every scrape reads what the ranks appended to `<out-dir>/events.rank*.jsonl` since the last scrape (an
+offset per file, complete lines only), runs `trainer.metrics.summarize_events` over all events read so
+far and turns the summary into metric families. So the live numbers are the summary's numbers, counters
+survive worker restarts (they are counted from the log, not in a process that a tier-2 restart
+replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists
+every metric; the chart and the collectors (docs/infra.md) scrape it.
+
+trainer/metrics_server.py serves it over HTTP, on local rank 0 of every pod (one endpoint per pod, so
+every pod the collector discovers answers, and `up` is per node). Only the process that is global rank 0
+exports the run's figures (one series per run, whichever pod hosts rank 0 after a restart); the others
+export only `trainer_exporter_info`. A port that is taken (several local pods on one host) logs a
+warning and training goes on without the endpoint: metrics are never worth a failed step.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from trainer.metrics import parse_event_line, summarize_events
+
+# Bucket upper bounds, seconds. Recovery spans tier 1 on CPU (~0.3 s) to a tier-2 restart of a 70B job
+# that waits for a replacement node (tens of minutes); checkpoint stalls span async saves (ms) to sync ones.
+RECOVERY_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 3600)
+DETECTION_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+STALL_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)
+GOODPUT_WINDOW_S = 3600.0  # "goodput over the last hour": the window of the alarm's figure
+STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+
+
+class EventTail:
+    """The run's events read incrementally: each poll reads only the complete lines appended since."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.events: list[dict[str, Any]] = []
+        self.bad = 0
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> None:
+        new = False
+        for path in sorted(self.out_dir.glob("events.rank*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except FileNotFoundError:
+                continue
+            end = data.rfind(b"\n") + 1  # a line still being written is read on a later poll
+            if end == 0:
+                continue
+            self._offsets[path] = offset + end
+            for raw in data[:end].splitlines():
+                line = raw.decode("utf-8", errors="replace").strip()
+                if not line:
+                    continue
+                record = parse_event_line(line)
+                if record is None:
+                    self.bad += 1
+                else:
+                    self.events.append(record)
+                    new = True
+        if new:  # events of different ranks interleave in time; timsort is linear on nearly sorted input
+            self.events.sort(key=lambda e: float(e["t"]))
+
+
+def live_goodput(summary: dict[str, Any], first_t: float | None, now: float) -> float | None:
+    """Productive time over wall time since the run's first event: `now` while the run goes on, the last
+    event once rank 0 completed (then it equals summary.json's training_efficiency)."""
+    if summary["status"] == "completed":
+        return summary["training_efficiency"]
+    if first_t is None or now <= first_t:
+        return None
+    return summary["productive_s"] / (now - first_t)
+
+
+def window_goodput(steps: list[dict[str, Any]], since: float, until: float) -> float:
+    """Share of [since, until] spent in steps whose results were kept (the last execution of each step)."""
+    kept: dict[int, dict[str, Any]] = {}
+    for e in steps:  # sorted by time: later executions replace earlier ones
+        kept[int(e["step"])] = e
+    busy = math.fsum(
+        max(0.0, min(float(e["t_end"]), until) - max(float(e["t_start"]), since)) for e in kept.values()
+    )
+    return busy / (until - since)
+
+
+def _histogram(
+    name: str,
+    doc: str,
+    labels: Sequence[str],
+    groups: dict[tuple[str, ...], list[float]],
+    bounds: Sequence[float],
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=list(labels))
+    for key, values in sorted(groups.items()):
+        buckets = [(_le(b), float(sum(1 for v in values if v <= b))) for b in bounds]
+        buckets.append(("+Inf", float(len(values))))
+        family.add_metric(list(key), buckets, math.fsum(values))
+    return family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def _gauge(name: str, doc: str, value: float | None) -> Iterator[Metric]:
+    if value is not None:
+        yield GaugeMetricFamily(name, doc, value=float(value))
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=float(value))
+
+
+def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: float) -> Iterator[Metric]:
+    """The run's metric families (docs/metrics.md) from its summary and events, as of `now`."""
+    first_t = float(events[0]["t"]) if events else None
+    rank0 = [e for e in events if int(e["rank"]) == 0]
+    steps = [e for e in rank0 if e["ev"] == "step"]
+    commits = [e for e in rank0 if e["ev"] == "ckpt_commit"]
+    starts = [e for e in rank0 if e["ev"] == "run_start"]
+
+    yield from _gauge(
+        "trainer_goodput_ratio",
+        "Productive time (steps kept, not recomputed) over wall time since the run's first event",
+        live_goodput(summary, first_t, now),
+    )
+    yield GaugeMetricFamily(
+        "trainer_productive_seconds",
+        "Summed duration of the steps whose results were kept",
+        value=summary["productive_s"],
+    )
+    wall = summary["wall_s"] if summary["status"] == "completed" or first_t is None else now - first_t
+    yield GaugeMetricFamily("trainer_wall_seconds", "Wall time since the run's first event", value=wall)
+    yield from _gauge("trainer_run_start_timestamp_seconds", "Unix time of the run's first event", first_t)
+    yield GaugeMetricFamily(
+        "trainer_run_completed",
+        "1 once rank 0 reported the run completed",
+        value=float(summary["status"] == "completed"),
+    )
+    if starts:
+        yield GaugeMetricFamily(
+            "trainer_world_size", "Ranks in the job", value=float(starts[-1]["world_size"])
+        )
+    yield _counter(
+        "trainer_steps_total",
+        "Steps executed by the job, recomputed ones included",
+        summary["steps_executed"],
+    )
+    yield _counter(
+        "trainer_steps_recomputed_total",
+        "Steps executed again because the run resumed from an older checkpoint",
+        summary["steps_recomputed"],
+    )
+    yield _counter("trainer_tokens_total", "Tokens of the steps whose results were kept", summary["tokens"])
+    if steps:
+        last = steps[-1]
+        yield GaugeMetricFamily(
+            "trainer_last_step", "Number of the last step executed", value=float(last["step"])
+        )
+        yield GaugeMetricFamily(
+            "trainer_loss", "Mean loss over ranks of the last step", value=float(last["loss"])
+        )
+    since_step = float(steps[-1]["t_end"]) if steps else first_t
+    if summary["status"] != "completed" and since_step is not None:
+        yield GaugeMetricFamily(
+            "trainer_seconds_since_last_step",
+            "Seconds since the last step ended (since the run started before the first step)",
+            value=now - since_step,
+        )
+    if summary["status"] != "completed" and first_t is not None and now - first_t >= GOODPUT_WINDOW_S:
+        yield GaugeMetricFamily(
+            "trainer_goodput_last_hour_ratio",
+            "Productive time of the last hour over an hour (exported once the run is an hour old)",
+            value=window_goodput(steps, now - GOODPUT_WINDOW_S, now),
+        )
+    durations = [float(s["t_end"]) - float(s["t_start"]) for s in steps]
+    yield _histogram(
+        "trainer_step_duration_seconds", "Duration of each executed step", (), {(): durations}, STEP_BUCKETS
+    )
+
+    yield from _fault_families(summary, rank0)
+    yield from _checkpoint_families(summary, commits, first_t, now)
+    yield GaugeMetricFamily(
+        "trainer_event_log_unreadable_lines",
+        "Event log lines that could not be parsed (torn by a killed process)",
+        value=float(summary["unreadable_lines"]),
+    )
+
+
+def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Iterator[Metric]:
+    # A fault's tier is known only once training resumed (a tier-1 detection may still turn into a tier-2
+    # restart): series labelled by tier appear then, so no counter ever moves between label sets.
+    faults = CounterMetricFamily("trainer_faults_total", "Injected faults by kind", labels=["kind"])
+    recovered = CounterMetricFamily(
+        "trainer_faults_recovered_total",
+        "Injected faults after which training resumed, by the tier that recovered them and kind",
+        labels=["tier", "kind"],
+    )
+    counts: dict[str, int] = {}
+    recovery: dict[tuple[str, ...], list[float]] = {}
+    detection: dict[tuple[str, ...], list[float]] = {}
+    for f in summary["faults"]:
+        counts[str(f["type"])] = counts.get(str(f["type"]), 0) + 1
+        if not f["recovered"] or f["mttr_s"] is None:
+            continue
+        key = (str(f["tier"]), str(f["type"]))
+        recovery.setdefault(key, []).append(float(f["mttr_s"]))
+        if f["detection_s"] is not None:
+            detection.setdefault(key, []).append(float(f["detection_s"]))
+    for kind, n in sorted(counts.items()):
+        faults.add_metric([kind], float(n))
+    for key, values in sorted(recovery.items()):
+        recovered.add_metric(list(key), float(len(values)))
+    yield faults
+    yield recovered
+    yield _histogram(
+        "trainer_recovery_seconds",
+        "Fault to the start of the first step after it (training resumed), per injected fault",
+        ("tier", "kind"),
+        recovery,
+        RECOVERY_BUCKETS,
+    )
+    yield _histogram(
+        "trainer_fault_detection_seconds",
+        "Fault to its first detection by any rank, per recovered injected fault",
+        ("tier", "kind"),
+        detection,
+        DETECTION_BUCKETS,
+    )
+    # Real faults are not injected: rank 0's detections (one per in-process or worker-group restart it
+    # took part in) count them by tier.
+    detections = CounterMetricFamily(
+        "trainer_fault_detections_total",
+        "Faults detected by rank 0, by the tier that handled them",
+        labels=["tier"],
+    )
+    by_tier: dict[str, int] = {}
+    for e in rank0:
+        if e["ev"] == "fault_detected":
+            by_tier[str(e["tier"])] = by_tier.get(str(e["tier"]), 0) + 1
+    for tier, n in sorted(by_tier.items()):
+        detections.add_metric([tier], float(n))
+    yield detections
+    yield _counter(
+        "trainer_restores_total",
+        "Checkpoint restores by rank 0 (one per start, recovery or not; a fresh start restores nothing)",
+        sum(1 for r in summary["restores"] if int(r["step"]) >= 0),
+    )
+
+
+def _checkpoint_families(
+    summary: dict[str, Any],
+    commits: list[dict[str, Any]],
+    first_t: float | None,
+    now: float,
+) -> Iterator[Metric]:
+    ckpt = summary["ckpt"]
+    yield _histogram(
+        "trainer_checkpoint_stall_seconds",
+        "Time the training loop was blocked by each save (the slowest rank's)",
+        (),
+        {(): [float(s["blocked_s"]) for s in ckpt["per_save"]]},
+        STALL_BUCKETS,
+    )
+    yield _counter("trainer_checkpoint_saves_total", "Checkpoint saves started", ckpt["saves"])
+    yield _counter(
+        "trainer_checkpoint_commits_total", "Checkpoints committed (durable and visible)", ckpt["commits"]
+    )
+    yield _counter(
+        "trainer_checkpoints_skipped_total",
+        "Checkpoints passed over at resume (incomplete or corrupt)",
+        len(ckpt["skipped"]),
+    )
+    yield _counter(
+        "trainer_checkpoint_failures_total",
+        "Checkpoint saves that failed (nothing committed, training went on)",
+        ckpt.get("failed", 0),
+    )
+    if commits:
+        yield GaugeMetricFamily(
+            "trainer_last_checkpoint_timestamp_seconds",
+            "Unix time of the last commit",
+            value=float(commits[-1]["t"]),
+        )
+        yield GaugeMetricFamily(
+            "trainer_last_checkpoint_step",
+            "Last step held by the last commit",
+            value=float(commits[-1]["step"]),
+        )
+    since = float(commits[-1]["t"]) if commits else first_t
+    if since is not None and summary["status"] != "completed":
+        yield GaugeMetricFamily(
+            "trainer_seconds_since_last_checkpoint",
+            "Seconds since the last durable checkpoint (since the run started before the first one)",
+            value=now - since,
+        )
+
+
+class RunCollector(Collector):
+    """A prometheus_client collector: every collect() polls the event files and summarizes them."""
+
+    def __init__(self, out_dir: str | Path, *, rank: int, clock: Callable[[], float] = time.time) -> None:
+        self.tail = EventTail(out_dir)
+        self.rank = rank
+        self.clock = clock
+        self._lock = threading.Lock()  # scrapes may overlap (the HTTP server is threaded)
+
+    def collect(self) -> Iterator[Metric]:
+        info = GaugeMetricFamily("trainer_exporter_info", "This endpoint's process", labels=["rank"])
+        info.add_metric([str(self.rank)], 1.0)
+        yield info
+        if self.rank != 0:
+            return
+        with self._lock:
+            self.tail.poll()
+            events = list(self.tail.events)
+            bad = self.tail.bad
+        yield from run_families(summarize_events(events, bad), events, self.clock())
