@@ -295,7 +295,10 @@ def known_fields() -> set[str]:
     from trainer.resilience.timeouts import Timeouts
 
     names = {f.name for cls in (TrainConfig, CheckpointConfig, Timeouts) for f in fields(cls)}
-    options = {a.dest for a in make_parser()._actions}
+    actions = make_parser()._actions
+    options = {a.dest for a in actions} | {
+        o.lstrip("-").replace("-", "_") for a in actions for o in a.option_strings
+    }
     return names | options | {"fault", "arguments"}
 
 
