@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Literal, cast, get_args
 
 FaultKind = Literal[
-    "exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt", "ckpt-write-error",
+    "exception",
+    "sigkill",
+    "hang",
+    "stop",
+    "node-loss",
+    "ckpt-crash",
+    "ckpt-corrupt",
+    "ckpt-write-error",
     "repeat-exception",
 ]
 IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step

@@ -17,6 +17,7 @@ it by hand. A command line without --out-dir records nothing (the chart always p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -96,7 +97,7 @@ def record_unrecoverable(
             tmp.replace(run.record_path)
     except OSError:
         pass  # the exit status still says it; only a 0.4.1 restart costs one more start
-    finally:
+    with contextlib.suppress(OSError):  # e.g. the out-dir is a file (the error being recorded)
         tmp.unlink(missing_ok=True)
 
 

@@ -264,9 +264,12 @@ spec:
         {{- include "trainer.resources" . | nindent 8 }}
       securityContext:
         {{- include "trainer.containerSecurityContext" . | nindent 8 }}
+      {{- /* The trainer's mounts: the check writes a probe file in each checkpoint and output dir. */}}
       volumeMounts:
         - name: fsx
           mountPath: {{ $v.storage.mountPath | quote }}
+        - name: local-nvme
+          mountPath: {{ include "trainer.localNvmeMount" . | quote }}
         {{- include "trainer.scratchMount" . | nindent 8 }}
   containers:
     - name: trainer

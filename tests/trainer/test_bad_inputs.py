@@ -420,7 +420,15 @@ def test_at_start_up_under_a_launcher_the_same_line_exits_93(
     )
     assert status == 93
     assert_one_line(err, "fault", "rank 2 does not exist (world size 2, from WORLD_SIZE)")
-    assert not (tmp_path / "out").exists()
+    # No events: nothing started. The record makes a relaunch (ft_launcher 0.4.1) exit 93 at once.
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["unrecoverable.json"]
+    from trainer.verdict import recorded_line
+
+    argv = [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=2"]
+    line = recorded_line(argv, os.environ)
+    assert line is not None and line.startswith("config error: fault: ") and "found by rank 1" in line
+    assert recorded_line(argv, {**os.environ, "TORCHELASTIC_RUN_ID": "another-job"}) is None
+    assert recorded_line([*argv, "--steps=11"], os.environ) is None  # the user changed something
 
 
 # ---- as the init container runs it ---------------------------------------------------------------------
@@ -449,3 +457,17 @@ def test_check_config_subprocess(make: Callable[[Path], Path], text: str, tmp_pa
     assert ours[-1].startswith("config error: data_path: ") and text in ours[-1], proc.stderr
     assert "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 200  # seconds on an idle host; generous for a loaded one
+
+
+def test_at_start_up_an_out_dir_that_is_a_file_still_ends_in_one_line(
+    tmp_path: Path, good_tokens: Path, clean_env: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The record cannot be written there either: still one line and 93, no traceback (found by the
+    before/after measurement under ft_launcher)."""
+    clean_env.setenv("TORCHELASTIC_RUN_ID", "job")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    status, err = run_main(base_args(good_tokens, a_file), capsys)
+    assert status == 93
+    assert_one_line(err, "out_dir", "exists and is not a directory")
+    assert a_file.read_text() == "x"

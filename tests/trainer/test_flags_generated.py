@@ -289,12 +289,17 @@ def generate(data: Path, out: Path, tmp: Path) -> list[Case]:
 
 
 def known_fields() -> set[str]:
-    from trainer.config import CheckpointSettings, TrainConfig
+    """Field names a rejection may name: config dataclass fields and every option's name."""
+    from trainer.checkpoint.config import CheckpointConfig
+    from trainer.config import TrainConfig, make_parser
     from trainer.resilience.timeouts import Timeouts
 
-    names = {f.name for cls in (TrainConfig, CheckpointSettings, Timeouts) for f in fields(cls)}
-    flag_fields = {f.name.lstrip("-").replace("-", "_") for f in FLAGS}
-    return names | flag_fields | {"fault", "arguments", "inprocess", "check_config"}
+    names = {f.name for cls in (TrainConfig, CheckpointConfig, Timeouts) for f in fields(cls)}
+    actions = make_parser()._actions
+    options = {a.dest for a in actions} | {
+        o.lstrip("-").replace("-", "_") for a in actions for o in a.option_strings
+    }
+    return names | options | {"fault", "arguments"}
 
 
 def assert_as_written(flag: Flag, value: str, got: Any) -> None:

@@ -19,9 +19,9 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.trainer._jobs import (
     assert_completed,
-    ft_launcher,
     log_tail,
     of,
+    pod_command,
     read_events,
     run_job,
     torchrun,
@@ -60,7 +60,7 @@ def test_out_of_range_token_met_in_training_costs_one_start(
 ) -> None:
     out, log = tmp_path / "out", tmp_path / "job.log"
     t0 = time.monotonic()
-    rc = run_job([*ft_launcher(max_restarts=3), *trainer_args(ids_beyond_vocab_outside_the_sample, out)], log)
+    rc = run_job(pod_command(ids_beyond_vocab_outside_the_sample, out, max_restarts=3), log)
     elapsed = time.monotonic() - t0
     text = log.read_text(errors="replace")
     assert rc != 0, log_tail(log)
@@ -84,7 +84,7 @@ def test_bad_data_at_start_up_under_the_launcher_never_starts(tmp_path: Path) ->
 
     data = write_synthetic_tokens(tmp_path / "wrong-vocab.npy", 50_000, 32_000, seed=1)
     out, log = tmp_path / "out", tmp_path / "job.log"
-    rc = run_job([*ft_launcher(max_restarts=2), *trainer_args(data, out)], log)
+    rc = run_job(pod_command(data, out, max_restarts=2), log)
     text = log.read_text(errors="replace")
     assert rc != 0
     assert "exitcode: 93" in text, log_tail(log)
@@ -113,9 +113,7 @@ def test_deterministic_exception_is_given_up_after_n_cycles(token_file: Path, tm
 
 def test_transient_fault_is_still_recovered(token_file: Path, tmp_path: Path) -> None:
     out, log = tmp_path / "out", tmp_path / "job.log"
-    rc = run_job(
-        [*ft_launcher(max_restarts=1), *trainer_args(token_file, out, "--fault=exception:step=4:rank=1")], log
-    )
+    rc = run_job(pod_command(token_file, out, "--fault=exception:step=4:rank=1", max_restarts=1), log)
     assert rc == 0, log_tail(log)
     assert_completed(out, log)
     evs = read_events(out)
