@@ -83,6 +83,9 @@ class GpuNodeGroupConfig(_Model):
     max_nodes: Annotated[int, Field(ge=1, le=450)] = 2
     capacity: CapacityConfig = CapacityConfig()
     root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 500
+    # Hot spares (NVRx >= 0.7): nodes on top of desired_nodes that run standby trainer pods and take a
+    # lost node's place at once. The node group runs desired_nodes + spare_nodes (see node_count).
+    spare_nodes: Annotated[int, Field(ge=0)] = 0
 
     @field_validator("instance_type")
     @classmethod
@@ -96,7 +99,18 @@ class GpuNodeGroupConfig(_Model):
     @model_validator(mode="after")
     def _sizes_ordered(self) -> GpuNodeGroupConfig:
         _check_sizes(self.min_nodes, self.desired_nodes, self.max_nodes)
+        if self.node_count > self.max_nodes:
+            raise _FieldError(
+                ("spare_nodes",),
+                f"desired_nodes {self.desired_nodes} + spare_nodes {self.spare_nodes} is above "
+                f"max_nodes {self.max_nodes}",
+            )
         return self
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the group runs: the training nodes plus the hot spares."""
+        return self.desired_nodes + self.spare_nodes
 
     @property
     def gpus_per_node(self) -> int:
@@ -327,12 +341,12 @@ class TeamConfig(_Model):
                     f"{self.gpu_quota} GPUs is above what the GPU node group can "
                     f"hold ({self.gpu_node_group.max_nodes} x {gpus} = {ceiling})",
                 )
-            needed = self.gpu_node_group.desired_nodes * gpus
+            needed = self.gpu_node_group.node_count * gpus
             if self.deploy_trainer and self.gpu_quota < needed:
                 raise _FieldError(
                     ("gpu_quota",),
                     f"{self.gpu_quota} GPUs is below what the trainer release "
-                    f"requests ({self.gpu_node_group.desired_nodes} x {gpus} = "
+                    f"requests ({self.gpu_node_group.node_count} x {gpus} = "
                     f"{needed})",
                 )
         return self

@@ -46,6 +46,11 @@ from typing import IO, Any
 #: Environment variable carrying a pod's marker; every process of the pod inherits it.
 POD_MARKER_ENV = "LOCALPOD_MARKER"
 
+#: Every local pod shares this host's name, and NVRx >= 0.7's barrier rendezvous refuses two launchers
+#: with one `socket.getfqdn()` unless this is set: its switch for simulating nodes on one machine. Set
+#: here only, never in the chart (on a cluster one launcher per node is what the check protects).
+LOCAL_POD_ENV = {"NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"}
+
 
 def _pids_with_marker(marker: str) -> set[int]:
     """PIDs of live processes whose initial environment contains POD_MARKER_ENV=marker."""
@@ -97,7 +102,7 @@ class LocalPod:
             raise RuntimeError(f"pod {self.name} was already started")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
-        env = {**self.env, POD_MARKER_ENV: self.marker}
+        env = {**LOCAL_POD_ENV, **self.env, POD_MARKER_ENV: self.marker}
         self._proc = subprocess.Popen(
             list(self.argv), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -201,6 +201,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="= ft_launcher --ft-rank-heartbeat-timeout",
     )
     p.add_argument(
+        "--inprocess-liveness-timeout",
+        type=float,
+        default=None,
+        help="seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); "
+        "default: 10 or --inprocess-hard-timeout if shorter",
+    )
+    p.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -256,6 +263,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
             inprocess_hard_timeout=args.inprocess_hard_timeout,
             inprocess_barrier_timeout=args.inprocess_barrier_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
+            inprocess_liveness_timeout=args.inprocess_liveness_timeout,
         ),
         faults=tuple(faults),
         fault_seed=args.fault_seed,

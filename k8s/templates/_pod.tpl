@@ -7,11 +7,12 @@ the local demo can run the very same argv after swapping the env entries that na
 {{/* ft_launcher's arguments, then `-m trainer` and the trainer's. */}}
 {{- define "trainer.args" -}}
 {{- $v := .Values -}}
-- --nnodes=$(NNODES)
+- --nnodes=$(NNODES):$(MAX_NNODES)
 - --nproc-per-node=$(NPROC_PER_NODE)
 - --rdzv-backend=c10d
 - --rdzv-endpoint=$(RDZV_ENDPOINT)
 - --rdzv-id=$(JOB_ID)
+- --ft-rdzv-impl=barrier
 - --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }}
 - --max-restarts={{ int $v.maxRestarts }}
 - --monitor-interval={{ $v.monitorInterval }}
@@ -21,6 +22,11 @@ the local demo can run the very same argv after swapping the env entries that na
 - --ft-rank-heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
 - --ft-initial-rank-heartbeat-timeout={{ $v.ftInitialRankHeartbeatTimeout }}
 - --ft-workload-check-interval={{ $v.ftWorkloadCheckInterval }}
+{{- /* NVRx's "do not restart" verdict (no progress across restarts) exits with 93, which
+     failJobExitCodes turns into FailJob; the trainer writes the iteration file at every commit. */}}
+- --ft-no-restart-exit-code=93
+- --ft-max-no-progress-cycles={{ int $v.maxNoProgressCycles }}
+- --ft-checkpoint-iteration-file=$(CHECKPOINT_DIR)/latest_checkpointed_iteration.txt
 - -m
 - trainer
 {{ include "trainer.trainerArgs" . }}
@@ -48,6 +54,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - --inprocess-hard-timeout={{ $v.inprocessHardTimeout }}
 - --inprocess-barrier-timeout={{ $v.inprocessBarrierTimeout }}
 - --heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
+- --inprocess-liveness-timeout={{ $v.inprocessLivenessTimeout }}
 {{- range $name := keys $v.faults | sortAlpha }}
 - --fault={{ get $v.faults $name }}
 {{- end }}
@@ -69,6 +76,8 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
 {{- $efa := include "trainer.efaPerNode" . | int -}}
 - name: NNODES
   value: {{ int $v.nodes | quote }}
+- name: MAX_NNODES
+  value: {{ add (int $v.nodes) (int $v.spareNodes) | quote }}
 - name: NPROC_PER_NODE
   value: {{ int $v.gpusPerNode | quote }}
 - name: RDZV_ENDPOINT
@@ -298,8 +307,8 @@ spec:
 {{- define "trainer.jobFailureSpec" -}}
 {{- $v := .Values -}}
 completionMode: Indexed
-completions: {{ int $v.nodes }}
-parallelism: {{ int $v.nodes }}
+completions: {{ add (int $v.nodes) (int $v.spareNodes) }}
+parallelism: {{ add (int $v.nodes) (int $v.spareNodes) }}
 {{- /* Losing pod 0 (the rendezvous store's host) makes every other pod exit 1, each counting against
 its index: the default total therefore scales with the node count. */}}
 backoffLimit: {{ include "trainer.podRetriesTotal" $v }}

@@ -67,7 +67,7 @@ def test_gpu_nodegroup_ami_taint_label_repair(team: str, synth: SynthResult, cdk
             "NodeRepairConfig": {"Enabled": True},
             "ScalingConfig": {
                 "MinSize": config.min_nodes,
-                "DesiredSize": config.desired_nodes,
+                "DesiredSize": config.node_count,  # training nodes + hot spares
                 "MaxSize": config.max_nodes,
             },
             "Subnets": [ref(synth.stacks[team], synth.stacks[team].network.gpu_subnet)],

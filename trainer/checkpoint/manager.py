@@ -36,6 +36,7 @@ from trainer.checkpoint import layout
 from trainer.checkpoint.backends import CheckpointWriteError, make_backend
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.state import apply_loaded, build_load_dict, build_save_dict, tensor_bytes
+from trainer.resilience.progress import write_iteration_file
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +256,7 @@ class CheckpointManager:
                 p.tmp, p.step, files, {"world_size": self.world_size, "mode": self.cfg.mode}
             )
             layout.apply_retention(self.cfg.dir, self.cfg.keep_latest)
+            write_iteration_file(self.cfg.dir, p.step)  # ft_launcher's progress tracker reads it
         except Exception as exc:
             layout.discard(p.tmp)
             return False, f"{type(exc).__name__}: {exc}"
