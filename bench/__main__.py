@@ -31,8 +31,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import planner, recovery, report
-from bench.montecarlo import simulate
+import goodput
+from bench import recovery, report
+from goodput.cli import build_parser, run_plan
+from goodput.montecarlo import simulate
+from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
 PARTS = ("recovery", "ckpt_stall", "synth", "planner")
@@ -66,38 +69,38 @@ CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
 
 MC_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("Llama 3 rate, 16k GPUs, default tiers", {}),
-    ("10x the rate, 16k GPUs", {"rate_per_gpu_hour": 10 * planner.PROFILES["llama3-405b"][0]}),
-    ("1k GPUs, checkpoint-restart only", {"nodes": 128, "tiers": (planner.Tier("job-restart", 1.0, 900.0),)}),
+    ("10x the rate, 16k GPUs", {"rate_per_gpu_hour": 10 * goodput.PROFILES["llama3-405b"][0]}),
+    ("1k GPUs, checkpoint-restart only", {"nodes": 128, "tiers": (goodput.Tier("job-restart", 1.0, 900.0),)}),
 )
 
 
 def run_planner(results: Path, quick: bool) -> None:
-    args = planner.build_parser().parse_args([])
-    default = planner.run_plan(args)
+    args = build_parser().parse_args([])
+    default = run_plan(args)
     plan = _plan_of(default)
-    base = planner.checkpoint_restart_baseline(plan, default["baseline"]["mttr_s"])
-    planner.plot_scale(plan, base, results / "planner_scale.png")
+    base = goodput.checkpoint_restart_baseline(plan, default["baseline"]["mttr_s"])
+    plot_scale(plan, base, results / "planner_scale.png")
     mc = []
     for name, changes in MC_CASES:
         p = plan.with_(**changes)
-        tau = planner.optimal_interval(p)
+        tau = goodput.optimal_interval(p)
         sim = simulate(p, tau, segments=400_000, seed=1)
         mc.append(
             {
                 "case": name,
                 "interval_s": tau,
-                "model": planner.evaluate(p, tau).efficiency,
+                "model": goodput.evaluate(p, tau).efficiency,
                 "simulated": sim.efficiency,
                 "stderr": sim.stderr,
             }
         )
     out: dict[str, Any] = {
-        "command": "python -m bench.planner",
+        "command": "python -m goodput",
         "default": default,
         "montecarlo": mc,
         "scale": {
-            "tiers": planner.scale_sweep(plan, planner.DEFAULT_SCALES),
-            "checkpoint_restart_only": planner.scale_sweep(base, planner.DEFAULT_SCALES),
+            "tiers": goodput.scale_sweep(plan, goodput.DEFAULT_SCALES),
+            "checkpoint_restart_only": goodput.scale_sweep(base, goodput.DEFAULT_SCALES),
         },
         "scale_png": "bench/results/planner_scale.png",
     }
@@ -110,8 +113,8 @@ def run_planner(results: Path, quick: bool) -> None:
     demo = _demo_summary()
     if demo is not None:
         try:
-            out["demo"] = {"path": _rel(demo)} | planner.predict_from_summary(demo)
-        except (planner.PlanError, KeyError, ValueError) as err:
+            out["demo"] = {"path": _rel(demo)} | goodput.predict_from_summary(demo)
+        except (goodput.PlanError, KeyError, ValueError) as err:
             out["demo_error"] = str(err)
     _write(results / "planner.json", out)
 
@@ -127,8 +130,8 @@ def _predict_recovery_runs(results: Path) -> list[dict[str, Any]]:
         if not rec.get("ok") or not summary.is_file() or rec.get("unplanned_restarts"):
             continue  # the planner is fed the injected fault only: a run with others is not comparable
         try:
-            p = planner.predict_from_summary(summary)
-        except (planner.PlanError, KeyError, ValueError):
+            p = goodput.predict_from_summary(summary)
+        except (goodput.PlanError, KeyError, ValueError):
             continue
         out.append(
             {
@@ -158,31 +161,29 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
-def _plan_of(result: dict[str, Any]) -> planner.Plan:
-    d = dict(result["plan"])
-    d["tiers"] = tuple(planner.Tier(**t) for t in d["tiers"])
-    return planner.Plan(**d)
+def _plan_of(result: dict[str, Any]) -> goodput.Plan:
+    return goodput.plan_from_dict(result["plan"])
 
 
-def _measured_plan(results: Path, plan: planner.Plan) -> dict[str, Any] | None:
+def _measured_plan(results: Path, plan: goodput.Plan) -> dict[str, Any] | None:
     """The default plan with each tier's MTTR replaced by the local recovery measurement."""
     path = results / "recovery.json"
     if not path.is_file():
         return None
     try:
-        tiers = planner.with_measured_mttrs(plan.tiers, json.loads(path.read_text()))
-    except planner.PlanError:
+        tiers = goodput.with_measured_mttrs(plan.tiers, json.loads(path.read_text()))
+    except goodput.PlanError:
         return None
     p = plan.with_(tiers=tiers)
-    tau = planner.optimal_interval(p)
+    tau = goodput.optimal_interval(p)
     return {
         "note": "median MTTRs of "
-        + ", ".join(f"{k} = `{v}`" for k, v in planner.MEASURED_SOURCES.items())
+        + ", ".join(f"{k} = `{v}`" for k, v in goodput.MEASURED_SOURCES.items())
         + "; same shares, rate and stall",
         "gpus": p.gpus,
         "tiers": [t.__dict__ for t in tiers],
         "interval_s": tau,
-        "efficiency": planner.evaluate(p, tau).efficiency,
+        "efficiency": goodput.evaluate(p, tau).efficiency,
     }
 
 

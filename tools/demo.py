@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from bench.planner import predict_from_summary
+from goodput import predict_from_summary
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after

@@ -15,13 +15,13 @@ the local demo can run the very same argv after swapping the env entries that na
 - --ft-rdzv-impl=barrier
 - --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }}
 - --max-restarts={{ int $v.maxRestarts }}
-- --monitor-interval={{ $v.monitorInterval }}
+- {{ printf "--monitor-interval=%v" $v.monitorInterval | quote }}
 - --workers-stop-timeout={{ int $v.workersStopTimeout }}
 - --term-timeout={{ max 1 (sub (int $v.terminationGracePeriodSeconds) 10) }}
 - --ft-restart-policy=any-failed
-- --ft-rank-heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
-- --ft-initial-rank-heartbeat-timeout={{ $v.ftInitialRankHeartbeatTimeout }}
-- --ft-workload-check-interval={{ $v.ftWorkloadCheckInterval }}
+- {{ printf "--ft-rank-heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
+- {{ printf "--ft-initial-rank-heartbeat-timeout=%v" $v.ftInitialRankHeartbeatTimeout | quote }}
+- {{ printf "--ft-workload-check-interval=%v" $v.ftWorkloadCheckInterval | quote }}
 {{- /* NVRx's "do not restart" verdict (no progress across restarts) exits with 93, which
      failJobExitCodes turns into FailJob; the trainer writes the iteration file at every commit. */}}
 - --ft-no-restart-exit-code=93
@@ -39,28 +39,28 @@ the local demo can run the very same argv after swapping the env entries that na
 - --ckpt-dir=$(CHECKPOINT_DIR)
 - --ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)
 - --out-dir=$(OUT_DIR)
-- --preset={{ $v.preset }}
+- {{ printf "--preset=%s" $v.preset | quote }}
 - --seq-len={{ int $v.seqLen }}
 - --micro-batch-size={{ int $v.microBatchSize }}
 - --steps={{ int $v.steps }}
-- --lr={{ $v.lr }}
+- {{ printf "--lr=%v" $v.lr | quote }}
 - --seed={{ int $v.seed }}
 - --ckpt-interval={{ int $v.ckptInterval }}
 - --ckpt-keep={{ int $v.ckptKeep }}
-- --ckpt-mode={{ $v.ckptMode }}
+- {{ printf "--ckpt-mode=%s" $v.ckptMode | quote }}
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
-- --collective-timeout={{ $v.collectiveTimeout }}
-- --inprocess-soft-timeout={{ $v.inprocessSoftTimeout }}
-- --inprocess-hard-timeout={{ $v.inprocessHardTimeout }}
-- --inprocess-barrier-timeout={{ $v.inprocessBarrierTimeout }}
-- --heartbeat-timeout={{ $v.ftRankHeartbeatTimeout }}
-- --inprocess-liveness-timeout={{ $v.inprocessLivenessTimeout }}
+- {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
+- {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}
+- {{ printf "--inprocess-hard-timeout=%v" $v.inprocessHardTimeout | quote }}
+- {{ printf "--inprocess-barrier-timeout=%v" $v.inprocessBarrierTimeout | quote }}
+- {{ printf "--heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
+- {{ printf "--inprocess-liveness-timeout=%v" $v.inprocessLivenessTimeout | quote }}
 {{- range $name := keys $v.faults | sortAlpha }}
-- --fault={{ get $v.faults $name }}
+- {{ printf "--fault=%s" (get $v.faults $name) | quote }}
 {{- end }}
 - --fault-seed={{ int $v.faultSeed }}
 - --metrics-port={{ int $v.metricsPort }}
-- --device={{ $v.device }}
+- {{ printf "--device=%s" $v.device | quote }}
 {{- range $v.extraTrainerArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -117,8 +117,8 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
   value: /tmp
 {{- end }}
 {{- range $name := keys $v.extraEnv | sortAlpha }}
-- name: {{ $name }}
-  value: {{ get $v.extraEnv $name | toString | quote }}
+- name: {{ $name | quote }}
+  value: {{ get $v.extraEnv $name | quote }}
 {{- end }}
 {{- end }}
 
@@ -179,17 +179,17 @@ metadata:
 spec:
   restartPolicy: Never
   {{- if eq $v.workload "job" }}
-  subdomain: {{ $fullname }}
+  subdomain: {{ $fullname | quote }}
   {{- end }}
-  serviceAccountName: {{ $v.serviceAccountName }}
+  serviceAccountName: {{ $v.serviceAccountName | quote }}
   {{- /* The trainer talks to its peers and FSx, never to the Kubernetes API. */}}
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: {{ int $v.terminationGracePeriodSeconds }}
   {{- with $v.priorityClassName }}
-  priorityClassName: {{ . }}
+  priorityClassName: {{ . | quote }}
   {{- end }}
   {{- with $v.schedulerName }}
-  schedulerName: {{ . }}
+  schedulerName: {{ . | quote }}
   {{- end }}
   {{- if $v.runAsNonRoot }}
   securityContext:
@@ -214,8 +214,8 @@ spec:
     {{- /* Pod 0 writes the token file under a temporary name and renames it (atomic on Lustre), so
          the others never map a half-written file; they wait for the name to appear. */}}
     - name: synthetic-data
-      image: {{ include "trainer.image" . }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+      image: {{ include "trainer.image" . | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy | quote }}
       command: [sh, -c]
       args:
         - |
@@ -240,13 +240,13 @@ spec:
         {{- include "trainer.containerSecurityContext" . | nindent 8 }}
       volumeMounts:
         - name: fsx
-          mountPath: {{ $v.storage.mountPath }}
+          mountPath: {{ $v.storage.mountPath | quote }}
   {{- end }}
     {{- /* ft_launcher hides a worker's exit code (it retries, then exits 1), so a configuration that
          no restart can fix is caught here, where exit code 2 reaches the Job's FailJob rule. */}}
     - name: check-config
-      image: {{ include "trainer.image" . }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+      image: {{ include "trainer.image" . | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy | quote }}
       command: [python, -m, trainer]
       args:
         {{- include "trainer.trainerArgs" . | nindent 8 }}
@@ -261,11 +261,11 @@ spec:
         {{- include "trainer.containerSecurityContext" . | nindent 8 }}
       volumeMounts:
         - name: fsx
-          mountPath: {{ $v.storage.mountPath }}
+          mountPath: {{ $v.storage.mountPath | quote }}
   containers:
     - name: trainer
-      image: {{ include "trainer.image" . }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+      image: {{ include "trainer.image" . | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy | quote }}
       command: [ft_launcher]
       args:
         {{- include "trainer.args" . | nindent 8 }}
@@ -284,23 +284,23 @@ spec:
         {{- include "trainer.containerSecurityContext" . | nindent 8 }}
       volumeMounts:
         - name: fsx
-          mountPath: {{ $v.storage.mountPath }}
+          mountPath: {{ $v.storage.mountPath | quote }}
         - name: local-nvme
-          mountPath: {{ include "trainer.localNvmeMount" . }}
+          mountPath: {{ include "trainer.localNvmeMount" . | quote }}
         - name: dshm
           mountPath: /dev/shm
   volumes:
     - name: fsx
       persistentVolumeClaim:
-        claimName: {{ $v.storage.claimName }}
+        claimName: {{ $v.storage.claimName | quote }}
     - name: local-nvme
       hostPath:
-        path: {{ $v.storage.localNvmePath }}
+        path: {{ $v.storage.localNvmePath | quote }}
         type: Directory
     - name: dshm
       emptyDir:
         medium: Memory
-        sizeLimit: {{ $v.shmSize }}
+        sizeLimit: {{ $v.shmSize | quote }}
 {{- end }}
 
 {{/* Pod failure handling shared by the Job and the JobSet's Job (see podRetriesPerIndex in values). */}}
@@ -334,7 +334,7 @@ podFailurePolicy:
           - {{ int . }}
           {{- end }}
     {{- end }}
-suspend: {{ $v.suspend }}
+suspend: {{ $v.suspend | toJson }}
 {{- with $v.activeDeadlineSeconds }}
 activeDeadlineSeconds: {{ int . }}
 {{- end }}

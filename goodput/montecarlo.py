@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.planner import Plan, PlanError
+from goodput.model import Plan, PlanError
 
 
 @dataclass(frozen=True)
