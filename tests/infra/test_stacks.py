@@ -421,6 +421,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
     assert set(values) == {
         "image",
         "nodes",
+        "spareNodes",
         "instanceType",
         "gpusPerNode",
         "efaPerNode",
@@ -431,6 +432,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
     assert set(values["image"]) == {"repository", "tag"} and values["image"]["tag"]
     assert ".dkr.ecr." in values["image"]["repository"]
     assert values["nodes"] == config.gpu_node_group.desired_nodes
+    assert values["spareNodes"] == config.gpu_node_group.spare_nodes
     assert values["instanceType"] == instance
     assert values["gpusPerNode"] == 8
     assert values["efaPerNode"] == EXPECTED_EFA[instance]

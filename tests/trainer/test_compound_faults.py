@@ -112,13 +112,9 @@ def test_rank_monitors_killed_then_a_rank_killed_recovers_in_the_pod(tmp_path: P
             assert job.poll() is None, _logs(tmp_path)
             evs = _events(out) if out.exists() else []
             if any(e["ev"] == "step" and int(e["step"]) >= 3 for e in evs):
-                # The rank monitors: the launcher's own children running ft_launcher's code.
+                # The rank monitors: the launcher's forked children (the workers run `python -u -m trainer`).
                 monitors = [
-                    p
-                    for p in job.pod(0).processes()
-                    if _ppid(p) == launcher
-                    and "ft_launcher" in _cmdline(p)
-                    and "-m trainer" not in _cmdline(p)
+                    p for p in job.pod(0).processes() if _ppid(p) == launcher and "ft_launcher" in _cmdline(p)
                 ]
                 assert len(monitors) == 2, f"expected one rank monitor per rank, found {monitors}"
                 for pid in monitors:
@@ -135,9 +131,10 @@ def test_rank_monitors_killed_then_a_rank_killed_recovers_in_the_pod(tmp_path: P
     (fault,) = summary["faults"]
     assert fault["type"] == "sigkill" and fault["recovered"], fault
     assert "running without launcher heartbeats" in logs
-    # One ordinary worker restart (SIGKILL of a rank: ~3 s in `make bench`), not a cycle of failed ones.
+    # One ordinary worker restart, as for a SIGKILL alone, not a cycle of failed ones. (Its time is
+    # load-bound here: printed, not asserted; `make bench` measures it.)
     print(f"compound fault (rank monitors killed, then SIGKILL): MTTR {fault['mttr_s']:.2f} s")
-    assert fault["mttr_s"] < 20, fault
+    assert logs.count("will restart worker group") == 1, logs
 
 
 def test_heartbeat_runs_on_without_a_dead_rank_monitor() -> None:
