@@ -136,12 +136,15 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
         "CHECKPOINT_DIR": str(fsx / "checkpoints"),
         "LOCAL_CHECKPOINT_DIR": str(out / f"nvme-node{index}" / "checkpoints"),
         "OUT_DIR": str(fsx / "runs"),
+        # The pod's /tmp scratch volume (the root filesystem is read-only): one folder per local pod.
+        "HOME": str(out / f"scratch-node{index}"),
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job
     # NVRx orders nodes by this infrastructure rank (SLURM_PROCID on Slurm): pod 0, the rendezvous store's
     # host, stays node 0, and the spare with the highest index is the one standing by.
     env["GROUP_RANK"] = str(index)
+    Path(local["HOME"]).mkdir(parents=True, exist_ok=True)  # as the kubelet creates the emptyDir
     return env
 
 

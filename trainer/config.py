@@ -15,12 +15,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.faults import FaultSpec, parse_fault
+from trainer.checkpoint import config as ckpt_config
+from trainer.checkpoint.config import CheckpointConfig
+from trainer.faults import FAULT_KINDS, FaultSpec, parse_fault
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 
 Device = Literal["auto", "cpu", "cuda"]
-CkptMode = Literal["nvrx", "torch-async", "sync"]
 
 
 class ConfigError(ValueError):
@@ -33,22 +34,6 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class CheckpointSettings:
-    """Checkpoint options as given on the command line (turned into the manager's CheckpointConfig)."""
-
-    dir: Path
-    """Shared checkpoint directory (FSx on the cluster)."""
-    local_dir: Path | None = None
-    """Optional node-local tier in front of `dir` (NVMe on the cluster)."""
-    interval_steps: int = 10
-    """Save every this many global steps."""
-    keep_latest: int = 3
-    """Committed checkpoints kept; older ones are deleted after a commit."""
-    mode: CkptMode = "nvrx"
-    """nvrx (NVRx async worker), torch-async (dcp.async_save) or sync (dcp.save)."""
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     """Everything one training run needs. Construct through `from_args` or directly; both validate."""
 
@@ -56,7 +41,8 @@ class TrainConfig:
     """Token file (.npy) written by `python -m trainer.data`."""
     out_dir: Path
     """Events, summary.json and fault markers of this run."""
-    ckpt: CheckpointSettings
+    ckpt: CheckpointConfig
+    """Checkpoint options (trainer/checkpoint/config.py: one definition, validated on construction)."""
     preset: str = "tiny"
     """Model size: one of trainer.model.PRESETS."""
     seq_len: int = 128
@@ -110,36 +96,15 @@ class TrainConfig:
 
             if not torch.cuda.is_available():
                 raise ConfigError("device", "cuda requested but torch sees no GPU")
-        self._validate_ckpt()
         try:
             self.timeouts.check()
         except TimeoutNestingError as exc:
             raise ConfigError(exc.field, exc.message) from None
         for spec in self.faults:
-            if spec.step >= self.steps and spec.kind != "ckpt-crash":
+            if spec.step >= self.steps:  # ckpt faults too: the last step always saves (policy.is_due)
                 raise ConfigError(
                     "fault", f"{spec} fires at step {spec.step}, the run ends before it ({self.steps})"
                 )
-            if spec.kind == "ckpt-crash" and not self._saves_at_or_after(spec.step):
-                raise ConfigError("fault", f"{spec}: no checkpoint is saved at or after step {spec.step}")
-
-    def _validate_ckpt(self) -> None:
-        c = self.ckpt
-        if c.interval_steps < 1:
-            raise ConfigError("ckpt_interval", f"must be >= 1, got {c.interval_steps}")
-        if c.keep_latest < 1:
-            raise ConfigError("ckpt_keep", f"must be >= 1, got {c.keep_latest}")
-        if c.mode not in ("nvrx", "torch-async", "sync"):
-            raise ConfigError("ckpt_mode", f"must be nvrx, torch-async or sync, got {c.mode!r}")
-        if c.local_dir is not None and c.local_dir.resolve() == c.dir.resolve():
-            raise ConfigError("ckpt_local_dir", "must differ from ckpt_dir")
-
-    def _saves_at_or_after(self, step: int) -> bool:
-        # A save happens after step s completes when (s + 1) % interval == 0 (see train.py).
-        interval = self.ckpt.interval_steps
-        first = max(step, interval - 1)
-        first += (-(first + 1)) % interval
-        return first < self.steps
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view for the `run_start` event."""
@@ -175,13 +140,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=100, help="global steps of the whole run")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=1234, help="seed of model init and data order")
-    p.add_argument(
-        "--ckpt-dir", type=Path, default=None, help="shared checkpoint dir (default: OUT_DIR/ckpt)"
-    )
-    p.add_argument("--ckpt-local-dir", type=Path, default=None, help="node-local checkpoint tier (optional)")
-    p.add_argument("--ckpt-interval", type=int, default=10, help="save every N steps")
-    p.add_argument("--ckpt-keep", type=int, default=3, help="committed checkpoints to keep")
-    p.add_argument("--ckpt-mode", choices=["nvrx", "torch-async", "sync"], default="nvrx", help="save path")
+    ckpt_config.add_arguments(p)
     p.add_argument(
         "--out-dir", type=Path, default=Path("out/run"), help="events, summary.json, fault markers"
     )
@@ -213,7 +172,7 @@ def make_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="KIND:step=N[:rank=R|random][:node=K], repeatable; also env TRAINER_FAULTS (';'-separated). "
-        "KIND: exception, sigkill, hang, stop, node-loss, ckpt-crash, ckpt-corrupt",
+        "KIND: " + ", ".join(FAULT_KINDS),
     )
     p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
@@ -240,16 +199,15 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
             faults.append(parse_fault(text))
         except ValueError as exc:
             raise ConfigError("fault", str(exc)) from None
+    try:
+        ckpt = ckpt_config.from_args(args, default_dir=args.out_dir / "ckpt")
+    except ValueError as exc:
+        name, _, why = str(exc).partition(": ")
+        raise ConfigError(ckpt_config.cli_field(name), why) from None
     return TrainConfig(
         data_path=args.data_path,
         out_dir=args.out_dir,
-        ckpt=CheckpointSettings(
-            dir=args.ckpt_dir if args.ckpt_dir is not None else args.out_dir / "ckpt",
-            local_dir=args.ckpt_local_dir,
-            interval_steps=args.ckpt_interval,
-            keep_latest=args.ckpt_keep,
-            mode=args.ckpt_mode,
-        ),
+        ckpt=ckpt,
         preset=args.preset,
         seq_len=args.seq_len,
         micro_batch_size=args.micro_batch_size,

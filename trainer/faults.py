@@ -14,6 +14,8 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
     ckpt-crash    rank R is killed inside the first checkpoint save of step >= N, after its shard is
                   durable and before the commit (through CheckpointHooks.before_commit)
     ckpt-corrupt  at the start of step N rank R corrupts the newest committed checkpoint, then is killed
+    ckpt-write-error  rank R's write of the first checkpoint save of step >= N fails (as a full disk or
+                  a storage error would: through CheckpointHooks.after_write); training goes on
 """
 
 from __future__ import annotations
@@ -22,18 +24,25 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
-FaultKind = Literal["exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt"]
+FaultKind = Literal[
+    "exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt", "ckpt-write-error"
+]
+IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 RANDOM = -1  # rank=random before it is resolved
 
 
 class InjectedFault(RuntimeError):
     """The exception raised by an `exception` fault (tier 1 recovers from it)."""
+
+
+class InjectedWriteError(OSError):
+    """The write failure of a `ckpt-write-error` fault (the save fails; training goes on)."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +92,6 @@ def parse_fault(text: str) -> FaultSpec:
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
     return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node)
-
-
-def parse_faults(cli: Iterable[str], env_value: str | None) -> list[FaultSpec]:
-    """All faults from the CLI and the TRAINER_FAULTS value (';'-separated), in that order."""
-    texts = list(cli)
-    if env_value:
-        texts += [t for t in env_value.split(";") if t.strip()]
-    return [parse_fault(t) for t in texts]
 
 
 def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> list[FaultSpec]:
@@ -146,7 +147,7 @@ class FaultInjector:
     def at_step(self, step: int, *, corrupt_newest: Callable[[], object] | None = None) -> None:
         """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one)."""
         for spec in self.specs:
-            if spec.kind == "ckpt-crash" or spec.step != step or not self._claim(spec):
+            if spec.kind in IN_SAVE_KINDS or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
             if spec.kind == "exception":
@@ -170,6 +171,13 @@ class FaultInjector:
             if spec.kind == "ckpt-crash" and step >= spec.step and self._claim(spec):
                 self.emit(spec.kind, step)
                 _kill_self(signal.SIGKILL)
+
+    def in_write(self, step: int) -> None:
+        """CheckpointHooks.after_write: fail this rank's write of the first save at or after the step."""
+        for spec in self.specs:
+            if spec.kind == "ckpt-write-error" and step >= spec.step and self._claim(spec):
+                self.emit(spec.kind, step)
+                raise InjectedWriteError(28, f"injected {spec}: no space left on device")
 
 
 def _kill_self(sig: signal.Signals) -> None:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.config import TrainConfig
 from trainer.data import BatchCursor, TokenDataset
+from trainer.errors import EXIT_CONFIG
 from trainer.faults import FaultInjector, resolve_ranks
 from trainer.metrics import EventLog, PrometheusExporter, write_summary
 from trainer.model import build_model
@@ -117,7 +118,7 @@ class Session:
         """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore."""
         from datetime import timedelta
 
-        from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager
+        from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
@@ -140,20 +141,15 @@ class Session:
             cfg.seed,
         )
         self.trainer = TrainerState(cursor)
-        self.ckpt = CheckpointManager(
-            CheckpointConfig(
-                dir=cfg.ckpt.dir,
-                local_dir=cfg.ckpt.local_dir,
-                interval_steps=cfg.ckpt.interval_steps,
-                keep_latest=cfg.ckpt.keep_latest,
-                mode=cfg.ckpt.mode,
-                collective_timeout_s=cfg.timeouts.collective_timeout,
-            ),
+        ckpt_cfg = replace(cfg.ckpt, collective_timeout_s=cfg.timeouts.collective_timeout)
+        manager = CheckpointManager(
+            ckpt_cfg,
             rank=proc.rank,
             world_size=proc.world_size,
-            hooks=CheckpointHooks(before_commit=faults.in_checkpoint),
+            hooks=CheckpointHooks(before_commit=faults.in_checkpoint, after_write=faults.in_write),
             events=events,
         )
+        self.ckpt = CheckpointLoop(manager, ckpt_cfg, events, rank=proc.rank, last_step=cfg.steps - 1)
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model, "optim": self.optim, "trainer": self.trainer}
@@ -190,16 +186,9 @@ def _train_steps(
 ) -> int:
     """Restore, then run the remaining steps; returns the last step done. Reads everything via `s`."""
     assert s.trainer is not None and s.model is not None and s.optim is not None
-    t0 = time.perf_counter()
-    restored = s.ckpt.load_latest(s.state())
-    load_s = time.perf_counter() - t0
-    for skipped in getattr(restored, "skipped", []) or []:
-        if proc.rank == 0:
-            path, reason = skipped if isinstance(skipped, tuple) else (skipped.path, skipped.reason)
-            events.emit("ckpt_skipped", path=str(path), reason=str(reason))
-    events.emit("restore", step=restored.step, path=str(restored.path or ""), load_s=load_s)
-    if restored.step >= 0 and s.trainer.step != restored.step:
-        raise RuntimeError(f"checkpoint of step {restored.step} holds trainer step {s.trainer.step}")
+    restored = s.ckpt.restore(s.state())
+    if restored >= 0 and s.trainer.step != restored:
+        raise RuntimeError(f"checkpoint of step {restored} holds trainer step {s.trainer.step}")
     heartbeat.start()
 
     tokens = cfg.micro_batch_size * cfg.seq_len * proc.world_size
@@ -230,13 +219,8 @@ def _train_steps(
         heartbeat.beat()
         if call_wrapper is not None:
             call_wrapper.ping()
-        if s.ckpt.should_save(step):
-            result = s.ckpt.save(step, s.state())
-            events.emit(
-                "ckpt_save", step=step, blocked_s=result.blocked_s, mode=cfg.ckpt.mode, bytes=result.bytes
-            )
-        s.ckpt.maybe_finalize(blocking=False)
-    s.ckpt.wait()
+        s.ckpt.after_step(step, s.state())
+    s.ckpt.finish(s.state())  # run_end follows only once the last step is committed
     return s.trainer.step
 
 
@@ -417,6 +401,23 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
+def _refused_resume(exc: BaseException) -> BaseException | None:
+    """The NoLoadableCheckpoint behind `exc` (the in-process Wrapper may wrap it), if any."""
+    from trainer.checkpoint.errors import NoLoadableCheckpoint
+
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, NoLoadableCheckpoint):
+            return e
+        pending += [e.__cause__, e.__context__]
+    return None
+
+
 def _standalone_env() -> None:
     """Without a launcher, run as rank 0 of 1 on free local ports (the Wrapper reads RANK/WORLD_SIZE)."""
     if "RANK" in os.environ:
@@ -474,6 +475,12 @@ def main(cfg: TrainConfig) -> int:
         else:
             trainer.run_iteration(None)
     except BaseException as exc:
+        refused = _refused_resume(exc)
+        if refused is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
+            # A plain run: no launcher to classify it, so say why in one line per checkpoint and exit 2.
+            print(refused, file=sys.stderr)
+            trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+            return EXIT_CONFIG
         left = None
         if cfg.inprocess:
             from trainer.resilience.inprocess import left_for_tier2
