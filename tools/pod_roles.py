@@ -1,7 +1,9 @@
 """Who trained and who stood by: each local pod's rendezvous outcomes, read from its ft_launcher log.
 
 NVRx >= 0.7's barrier rendezvous logs, per launcher and round, either "has joined the rendezvous 'ID' as
-rank R in a world of size N" (an active node) or "Standby (rank=R) for round K" (a hot spare). The demo
+rank R in a world of size N" (an active node), "Standby (rank=R) for round K" (a hot spare), or, for a
+launcher that arrived after the round closed, "Round K closed (training in progress), waiting for next
+round" (a hot spare as well). The demo
 reads them to name the pod that took a lost pod's place and the pod that became the new spare.
 """
 
@@ -15,6 +17,8 @@ from pathlib import Path
 _STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
 _JOINED = re.compile(_STAMP + r".*has joined the rendezvous '[^']*' as rank (\d+) in a world of size (\d+)")
 _STANDBY = re.compile(_STAMP + r".*\] Standby \(rank=(\d+)\) for round (\d+)")
+# A launcher that arrives after the round closed waits for the next one: a standby too (rank unknown).
+_LATE = re.compile(_STAMP + r".*\] Round (\d+) closed \(training in progress\), waiting for next round")
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ def role_changes(log_dir: Path) -> list[RoleChange]:
                 changes.append(RoleChange(pod, _unix(m[1]), "active", int(m[2])))
             elif m := _STANDBY.match(line):
                 changes.append(RoleChange(pod, _unix(m[1]), "standby", int(m[2])))
+            elif m := _LATE.match(line):
+                changes.append(RoleChange(pod, _unix(m[1]), "standby", -1))
     return sorted(changes, key=lambda c: c.t)
 
 
