@@ -17,20 +17,24 @@ from typing import Any, Literal
 
 from trainer.checkpoint import config as ckpt_config
 from trainer.checkpoint.config import CheckpointConfig
+from trainer.errors import UnrecoverableError, error_line
 from trainer.faults import FAULT_KINDS, FaultSpec, parse_fault
+from trainer.flags import FlagParser
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 
 Device = Literal["auto", "cpu", "cuda"]
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; str() is `config error: <field>: why`."""
+class ConfigError(UnrecoverableError, ValueError):
+    """An invalid configuration value; str() is `config error: <field>: why`, always one line.
+
+    An UnrecoverableError, so one raised after start-up is never retried either (trainer/errors.py).
+    """
 
     def __init__(self, field_name: str, why: str) -> None:
-        super().__init__(f"config error: {field_name}: {why}")
-        self.field = field_name
-        self.why = why
+        super().__init__(field_name, why)
+        self.args = (error_line(self),)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ class TrainConfig:
     metrics_port: int = 0
     """Prometheus port on rank 0; 0 disables the exporter."""
     device: Device = "auto"
+    max_repeated_faults: int = 3
+    """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
+    this many times in a row: a deterministic bug, not a transient fault."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -74,13 +81,13 @@ class TrainConfig:
         """Raise ConfigError naming the first bad field. Touches no process group."""
         if self.preset not in PRESETS:
             raise ConfigError("preset", f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        if not self.data_path.is_file():
+        if not _is_file(self.data_path):
             raise ConfigError(
                 "data_path", f"{self.data_path} is not a file (write one with python -m trainer.data)"
             )
         if not 1 <= self.seq_len <= self.model.max_seq_len:
             raise ConfigError("seq_len", f"must be in [1, {self.model.max_seq_len}] for preset {self.preset}")
-        for name in ("micro_batch_size", "steps"):
+        for name in ("micro_batch_size", "steps", "max_repeated_faults"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -96,6 +103,9 @@ class TrainConfig:
 
             if not torch.cuda.is_available():
                 raise ConfigError("device", "cuda requested but torch sees no GPU")
+        for name, value in asdict(self.timeouts).items():  # inf would pass the nesting as the outermost
+            if value is not None and not math.isfinite(value):  # None: a derived default
+                raise ConfigError(name, f"must be a finite number of seconds, got {value}")
         try:
             self.timeouts.check()
         except TimeoutNestingError as exc:
@@ -113,6 +123,13 @@ class TrainConfig:
         return _jsonable(out)
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name longer than the file system allows
+        return False
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
@@ -126,7 +143,7 @@ def _jsonable(value: Any) -> Any:
 def make_parser() -> argparse.ArgumentParser:
     """The CLI. Option names are fixed: the Helm chart renders them."""
     d = Timeouts()
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="python -m trainer",
         description="FSDP2 LLM trainer with NVRx in-process (tier 1) and ft_launcher (tier 2) recovery.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -177,6 +194,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
     p.add_argument(
+        "--max-repeated-faults",
+        type=int,
+        default=3,
+        help="tier 1 gives up when the same exception hits the same step this many times in a row",
+    )
+    p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available"
     )
     p.add_argument(
@@ -192,7 +215,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
     """Parse argv (and TRAINER_FAULTS from env) into a validated TrainConfig; raise ConfigError."""
     args = make_parser().parse_args(argv)
     env = dict(os.environ) if env is None else env
-    texts = list(args.fault) + [t for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
+    texts = list(args.fault) + [t.strip() for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
     faults = []
     for text in texts:
         try:
@@ -227,4 +250,5 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         fault_seed=args.fault_seed,
         metrics_port=args.metrics_port,
         device=args.device,
+        max_repeated_faults=args.max_repeated_faults,
     )

@@ -16,6 +16,8 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
     ckpt-corrupt  at the start of step N rank R corrupts the newest committed checkpoint, then is killed
     ckpt-write-error  rank R's write of the first checkpoint save of step >= N fails (as a full disk or
                   a storage error would: through CheckpointHooks.after_write); training goes on
+    repeat-exception  rank R raises InjectedFault at the start of step N on every attempt, like a
+                  deterministic bug (no marker): what the repeated-fault bound (--max-repeated-faults) stops
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from pathlib import Path
 from typing import Literal, cast, get_args
 
 FaultKind = Literal[
-    "exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt", "ckpt-write-error"
+    "exception",
+    "sigkill",
+    "hang",
+    "stop",
+    "node-loss",
+    "ckpt-crash",
+    "ckpt-corrupt",
+    "ckpt-write-error",
+    "repeat-exception",
 ]
 IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
@@ -65,7 +75,11 @@ class FaultSpec:
 
 def parse_fault(text: str) -> FaultSpec:
     """Parse `KIND:step=N[:rank=R|random][:node=K]`; raise ValueError saying what is wrong."""
-    parts = [p.strip() for p in text.strip().split(":")]
+    if any(ch.isspace() or not ch.isprintable() for ch in text):  # a YAML block scalar's trailing newline
+        raise ValueError(
+            f"{text!r} holds whitespace or control characters; write KIND:step=N[:rank=R][:node=K]"
+        )
+    parts = text.split(":")
     kind = parts[0]
     if kind not in FAULT_KINDS:
         raise ValueError(f"unknown kind {kind!r} in {text!r}; choose one of {', '.join(FAULT_KINDS)}")
@@ -81,10 +95,10 @@ def parse_fault(text: str) -> FaultSpec:
         raise ValueError(f"{text!r} needs step=N")
 
     def as_int(name: str, low: int) -> int:
-        try:
-            value = int(fields[name])
-        except ValueError:
-            raise ValueError(f"{name} must be an integer in {text!r}, got {fields[name]!r}") from None
+        raw = fields[name].lstrip("-")
+        if not (raw.isascii() and raw.isdigit()):  # int() would also take fullwidth digits, "1_0" and " 3"
+            raise ValueError(f"{name} must be an integer in {text!r}, got {fields[name]!r}")
+        value = int(fields[name])
         if value < low:
             raise ValueError(f"{name} must be >= {low} in {text!r}, got {value}")
         return value
@@ -147,6 +161,9 @@ class FaultInjector:
     def at_step(self, step: int, *, corrupt_newest: Callable[[], object] | None = None) -> None:
         """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one)."""
         for spec in self.specs:
+            if spec.kind == "repeat-exception" and spec.step == step:
+                self.emit(spec.kind, step)
+                raise InjectedFault(f"injected {spec} (every attempt)")
             if spec.kind in IN_SAVE_KINDS or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)

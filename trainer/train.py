@@ -37,11 +37,14 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.config import TrainConfig
 from trainer.data import BatchCursor, TokenDataset
-from trainer.errors import EXIT_CONFIG
+from trainer.data_check import check_batch_tokens
+from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.faults import FaultInjector, resolve_ranks
-from trainer.metrics import EventLog, PrometheusExporter, write_summary
+from trainer.metrics import EventLog, write_summary
 from trainer.model import build_model
+from trainer.preflight import open_exporter
 from trainer.resilience.timeouts import trainer_ports
+from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
 
@@ -197,6 +200,7 @@ def _train_steps(
         faults.at_step(step, corrupt_newest=lambda: _corrupt_newest(s))
         t_start = time.time()
         inputs, targets = s.trainer.cursor.next_batch()
+        check_batch_tokens(inputs, targets, cfg.model.vocab_size, step=step, path=cfg.data_path)
         device = loss_buf.device
         logits = s.model(inputs.to(device))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten())
@@ -281,7 +285,7 @@ class Trainer:
         self.proc = ProcessInfo.from_env()
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
-        exporter = PrometheusExporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
+        exporter = open_exporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
         self.events = EventLog(cfg.out_dir, self.proc.rank, exporter=exporter)
         specs = resolve_ranks(cfg.faults, self.proc.world_size, cfg.fault_seed)
         self.faults = FaultInjector(
@@ -296,6 +300,7 @@ class Trainer:
         self.heartbeat = Heartbeat.from_env()
         self.store: dist.Store | None = None
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
+        self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
         self.last_step = -1
 
     def base_store(self) -> dist.Store:
@@ -357,6 +362,7 @@ class Trainer:
             # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
             # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
             self.caught = (time.time(), _reason(exc))
+            self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.
             _drop_frames(exc)
@@ -448,6 +454,32 @@ def _exit_for_tier2(trainer: Trainer) -> None:
     os._exit(1)
 
 
+def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | None:
+    """The exit status, after one printed line, for a failure no restart can fix: EXIT_NO_RESTART for
+    an unrecoverable error of this rank (or one a peer recorded), 1 when tier 1 gave up on a repeating
+    fault (ft_launcher's turn). None for anything else: it is re-raised for the launcher to retry."""
+    from trainer.verdict import record_unrecoverable, recorded_line
+
+    gave_up = False
+    if cfg.inprocess:
+        from trainer.resilience.inprocess import GiveUp
+
+        gave_up = isinstance(exc, GiveUp)
+    cause = exc.__cause__ if gave_up else exc
+    if isinstance(cause, UnrecoverableError):
+        record_unrecoverable(sys.argv[1:], cause, trainer.proc.rank, os.environ)
+        print(error_line(cause), file=sys.stderr, flush=True)
+        return EXIT_NO_RESTART
+    if gave_up:
+        print(str(exc), file=sys.stderr, flush=True)
+        return 1
+    line = recorded_line(sys.argv[1:], os.environ)
+    if line is not None:  # a peer stopped on an unrecoverable error: this rank leaves with it
+        print(line, file=sys.stderr, flush=True)
+        return EXIT_NO_RESTART
+    return None
+
+
 def main(cfg: TrainConfig) -> int:
     """Run the whole training of this process; returns the exit status."""
     _standalone_env()
@@ -471,7 +503,10 @@ def main(cfg: TrainConfig) -> int:
         if cfg.inprocess:
             from trainer.resilience.inprocess import run_inprocess
 
-            run_inprocess(trainer.run_iteration, cfg.timeouts, trainer.ports)
+            guard = RepeatGuard(cfg.max_repeated_faults)
+            run_inprocess(
+                trainer.run_iteration, cfg.timeouts, trainer.ports, guard, lambda: trainer.failed_at
+            )
         else:
             trainer.run_iteration(None)
     except BaseException as exc:
@@ -481,6 +516,10 @@ def main(cfg: TrainConfig) -> int:
             print(refused, file=sys.stderr)
             trainer.events.emit("run_end", step=trainer.last_step, status="failed")
             return EXIT_CONFIG
+        status = _give_up(cfg, trainer, exc)
+        if status is not None:
+            trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+            return status
         left = None
         if cfg.inprocess:
             from trainer.resilience.inprocess import left_for_tier2

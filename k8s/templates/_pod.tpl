@@ -59,6 +59,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--fault=%s" (get $v.faults $name) | quote }}
 {{- end }}
 - --fault-seed={{ int $v.faultSeed }}
+- --max-repeated-faults={{ int $v.maxRepeatedFaults }}
 - --metrics-port={{ int $v.metricsPort }}
 - {{ printf "--device=%s" $v.device | quote }}
 {{- range $v.extraTrainerArgs }}
@@ -222,6 +223,7 @@ spec:
             mkdir -p "$(dirname "$DATA_PATH")"
             tmp="${DATA_PATH%.npy}.partial-$(hostname).npy"
             python -m trainer.data --out "$tmp" --tokens {{ int64 $v.syntheticTokens }} --vocab {{ include "trainer.vocabSize" . }} --seed {{ int $v.seed }}
+            mv "$tmp.meta.json" "$DATA_PATH.meta.json"  # its recorded max id: start-up checks skip a full scan
             mv "$tmp" "$DATA_PATH"
           else
             waited=0
