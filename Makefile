@@ -9,6 +9,8 @@ CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
 NAMESPACE   ?= ml-research
 PYTEST_ARGS ?=
+# The NVRx release the image ships (Dockerfile NVRX_VERSION); installed by tools/install_nvrx.py.
+NVRX_VERSION := 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
@@ -18,9 +20,10 @@ export MPLBACKEND := Agg
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml tools/install_nvrx.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[infra,trainer,cluster,report,test,dev]'
+	$(PY) tools/install_nvrx.py --version $(NVRX_VERSION)
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -10,7 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from infra.config import TeamConfig
+from infra.config import GpuNodeGroupConfig, TeamConfig
 from infra.instance_types import efa_interfaces
 from infra.network import Network
 from infra.nvme_userdata import nvme_raid_user_data
@@ -39,27 +39,36 @@ class GpuNodeGroup(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         config = team.gpu_node_group
+        self.efa_security_group = self._efa_security_group(team, network)
+        self.placement_group = self._placement_group(config)
+        self.launch_template = self._launch_template(config, cluster)
+        self.nodegroup = self._nodegroup(team, network, cluster)
+        self.node_monitoring_agent = self._node_monitoring_agent(cluster)
 
-        # EFA needs all traffic to and from members of the same group (SRD is not plain TCP/UDP).
-        self.efa_security_group = ec2.SecurityGroup(
+    def _efa_security_group(self, team: TeamConfig, network: Network) -> ec2.SecurityGroup:
+        """EFA needs all traffic to and from members of the same group (SRD is not plain TCP/UDP)."""
+        group = ec2.SecurityGroup(
             self,
             "EfaSecurityGroup",
             vpc=network.vpc,
             allow_all_outbound=True,
             description=f"EFA traffic between GPU nodes of team {team.name}",
         )
-        self.efa_security_group.add_ingress_rule(
-            self.efa_security_group, ec2.Port.all_traffic(), "EFA: all traffic within the group"
-        )
+        group.add_ingress_rule(group, ec2.Port.all_traffic(), "EFA: all traffic within the group")
+        return group
 
-        # A reservation or capacity block already fixes where the instances are; a placement group that
-        # does not match it would make every launch fail, so it is only used for plain on-demand.
-        self.placement_group: ec2.CfnPlacementGroup | None = None
+    def _placement_group(self, config: GpuNodeGroupConfig) -> ec2.CfnPlacementGroup | None:
+        """A cluster placement group, for plain on-demand only: a reservation or capacity block already
+        fixes where the instances are, and a placement group that does not match it fails every launch."""
+        if config.capacity.type != "on-demand":
+            return None
+        return ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+
+    def _launch_template(self, config: GpuNodeGroupConfig, cluster: eks.Cluster) -> ec2.CfnLaunchTemplate:
+        """Instance type, every EFA interface, capacity targeting, IMDSv2, encrypted root, NVMe RAID0."""
         placement = None
-        if config.capacity.type == "on-demand":
-            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+        if self.placement_group is not None:
             placement = ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.ref)
-
         security_groups = [self.efa_security_group.security_group_id, cluster.cluster_security_group_id]
         interfaces = [
             ec2.CfnLaunchTemplate.NetworkInterfaceProperty(
@@ -71,7 +80,6 @@ class GpuNodeGroup(Construct):
             )
             for spec in efa_interfaces(config.instance_type)
         ]
-
         capacity_spec = None
         market = None
         if config.capacity.id is not None:
@@ -82,8 +90,7 @@ class GpuNodeGroup(Construct):
             )
         if config.capacity.type == "capacity-block":
             market = ec2.CfnLaunchTemplate.InstanceMarketOptionsProperty(market_type="capacity-block")
-
-        self.launch_template = ec2.CfnLaunchTemplate(
+        return ec2.CfnLaunchTemplate(
             self,
             "LaunchTemplate",
             launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
@@ -112,13 +119,16 @@ class GpuNodeGroup(Construct):
             ),
         )
 
-        self.nodegroup = cluster.add_nodegroup_capacity(
+    def _nodegroup(self, team: TeamConfig, network: Network, cluster: eks.Cluster) -> eks.Nodegroup:
+        """The managed node group: training nodes plus hot spares, tainted and labelled for the trainer."""
+        config = team.gpu_node_group
+        return cluster.add_nodegroup_capacity(
             "Gpu",
             nodegroup_name=f"{team.name}-gpu",
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             capacity_type=_CAPACITY_TYPES[config.capacity.type],
             min_size=config.min_nodes,
-            desired_size=config.desired_nodes,
+            desired_size=config.node_count,
             max_size=config.max_nodes,
             subnets=ec2.SubnetSelection(subnets=[network.gpu_subnet]),
             launch_template_spec=eks.LaunchTemplateSpec(
@@ -131,7 +141,10 @@ class GpuNodeGroup(Construct):
             # Auto repair replaces nodes the monitoring agent reports unhealthy (GPU/XID, EFA, kubelet).
             enable_node_auto_repair=True,
         )
-        self.node_monitoring_agent = eks.Addon(
+
+    def _node_monitoring_agent(self, cluster: eks.Cluster) -> eks.Addon:
+        """The add-on whose health reports drive node auto repair."""
+        return eks.Addon(
             self,
             "NodeMonitoringAgent",
             cluster=cast(eks.ICluster, cluster),  # jsii stubs: Cluster lacks an ICluster member

@@ -28,6 +28,7 @@ def trainer_values(team: TeamConfig, image_repository: str, image_tag: str) -> d
     return {
         "image": {"repository": image_repository, "tag": image_tag},
         "nodes": team.gpu_node_group.desired_nodes,
+        "spareNodes": team.gpu_node_group.spare_nodes,
         "instanceType": instance.name,
         "gpusPerNode": instance.gpus,
         "efaPerNode": instance.efa_interfaces,

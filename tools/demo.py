@@ -30,6 +30,7 @@ import yaml
 from goodput import predict_from_summary
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
+from tools.pod_roles import role_changes, takeover_after
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
@@ -38,6 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 RELEASE = "trainer"
 TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
+REPLACE_DELAY_S = 20.0
 
 
 def say(message: str) -> None:
@@ -139,6 +141,9 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job
+    # NVRx orders nodes by this infrastructure rank (SLURM_PROCID on Slurm): pod 0, the rendezvous store's
+    # host, stays node 0, and the spare with the highest index is the one standing by.
+    env["GROUP_RANK"] = str(index)
     Path(local["HOME"]).mkdir(parents=True, exist_ok=True)  # as the kubelet creates the emptyDir
     return env
 
@@ -205,8 +210,9 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
     rdzv_port = free_port()
     run_init_containers(pod, out, rdzv_port)
     nnodes = int(pod.trainer.env["NNODES"])
+    npods = int(pod.trainer.env.get("MAX_NNODES", nnodes))  # training pods + hot spares
     specs = []
-    for index in range(nnodes):
+    for index in range(npods):
         env = local_env(pod.trainer, out, index, rdzv_port)
         specs.append(
             PodSpec(
@@ -228,12 +234,15 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
 
     run_dir = Path(specs[0].env["OUT_DIR"])
     progress = Progress(run_dir, int(_flag(pod.trainer.argv, "--steps")))
-    say(f"starting {nnodes} local pods (logs in {out / 'logs'})")
+    spares = f" + {npods - nnodes} hot spare" if npods > nnodes else ""
+    say(f"starting {nnodes} local pods{spares} (logs in {out / 'logs'})")
     with LocalJob(
         specs,
         backoff_limit=3,
-        fail_job_exit_codes=(2,),
-        replace_delay_s=1.0,
+        fail_job_exit_codes=(2, 93),  # the chart's failJobExitCodes
+        # A lost node's replacement takes minutes on a cluster (new instance, image pull); with a spare
+        # the run does not wait for it, so the demo gives it a realistic head start of a few seconds.
+        replace_delay_s=REPLACE_DELAY_S if npods > nnodes else 1.0,
         host_port=rdzv_port,
         on_event=on_event,
     ) as job:
@@ -294,10 +303,24 @@ def report(run_dir: Path, out: Path, job_ok: bool) -> dict[str, Any]:
         ],
         "summary": str(summary_path),
     }
+    for fault in result["faults"]:
+        fault["takeover"] = _takeover(out / "logs", summary, fault)
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     draw(run_dir, summary, out / "timeline.png")
     print_report(result, out)
     return result
+
+
+def _takeover(log_dir: Path, summary: dict[str, Any], fault: dict[str, Any]) -> dict[str, Any] | None:
+    """For a lost node: which hot spare took its place (from the launchers' logs), else None."""
+    if fault["type"] != "node-loss" or not log_dir.is_dir():
+        return None
+    t_fault = next((float(f["t"]) for f in summary["faults"] if f["step"] == fault["step"]), None)
+    took = takeover_after(role_changes(log_dir), t_fault) if t_fault is not None else None
+    if took is None:
+        return None
+    return {"pod": took.spare, "node_rank": took.rank, "joined_after_s": took.joined_after_s,
+            "new_spares": list(took.new_spares)}  # fmt: skip
 
 
 def print_report(r: dict[str, Any], out: Path) -> None:
@@ -320,6 +343,13 @@ def print_report(r: dict[str, Any], out: Path) -> None:
             f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
             f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
         )
+        if f.get("takeover"):
+            took = f["takeover"]
+            lines.append(
+                f"             hot spare {took['pod']} took over as node {took['node_rank']} "
+                f"({took['joined_after_s']:.2f} s after the loss); standing by now: "
+                f"{', '.join(took['new_spares']) or 'none'}"
+            )
     ck = r["checkpoint"]
     lines += [
         f"checkpoints   {ck['saves']} saves, {ck['commits']} committed; training blocked "

@@ -108,7 +108,7 @@ class TrainConfig:
             if not torch.cuda.is_available():
                 raise ConfigError("device", "cuda requested but torch sees no GPU")
         for name, value in asdict(self.timeouts).items():  # inf would pass the nesting as the outermost
-            if not math.isfinite(value):
+            if value is not None and not math.isfinite(value):  # None: a derived default
                 raise ConfigError(name, f"must be a finite number of seconds, got {value}")
         try:
             self.timeouts.check()
@@ -181,6 +181,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="= ft_launcher --ft-rank-heartbeat-timeout",
     )
     p.add_argument(
+        "--inprocess-liveness-timeout",
+        type=float,
+        default=None,
+        help="seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); "
+        "default: 10 or --inprocess-hard-timeout if shorter",
+    )
+    p.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -244,6 +251,7 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
             inprocess_hard_timeout=args.inprocess_hard_timeout,
             inprocess_barrier_timeout=args.inprocess_barrier_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
+            inprocess_liveness_timeout=args.inprocess_liveness_timeout,
         ),
         faults=tuple(faults),
         fault_seed=args.fault_seed,

@@ -53,6 +53,9 @@ class GpuNodeGroupConfig(StrictModel):
     max_nodes: Annotated[int, Field(ge=1, le=450)] = 2
     capacity: CapacityConfig = CapacityConfig()
     root_volume_gib: Annotated[int, Field(ge=100, le=16384)] = 500
+    # Hot spares (NVRx >= 0.7): nodes on top of desired_nodes that run standby trainer pods and take a
+    # lost node's place at once. The node group runs desired_nodes + spare_nodes (see node_count).
+    spare_nodes: Annotated[int, Field(ge=0)] = 0
 
     @field_validator("instance_type")
     @classmethod
@@ -66,7 +69,18 @@ class GpuNodeGroupConfig(StrictModel):
     @model_validator(mode="after")
     def _sizes_ordered(self) -> GpuNodeGroupConfig:
         check_sizes(self.min_nodes, self.desired_nodes, self.max_nodes)
+        if self.node_count > self.max_nodes:
+            raise FieldError(
+                ("spare_nodes",),
+                f"desired_nodes {self.desired_nodes} + spare_nodes {self.spare_nodes} is above "
+                f"max_nodes {self.max_nodes}",
+            )
         return self
+
+    @property
+    def node_count(self) -> int:
+        """Nodes the group runs: the training nodes plus the hot spares."""
+        return self.desired_nodes + self.spare_nodes
 
     @property
     def gpus_per_node(self) -> int:

@@ -142,12 +142,12 @@ class TeamConfig(StrictModel):
                 f"{self.gpu_quota} GPUs is above what the GPU node group can hold "
                 f"({self.gpu_node_group.max_nodes} x {gpus} = {ceiling})",
             )
-        needed = self.gpu_node_group.desired_nodes * gpus
+        needed = self.gpu_node_group.node_count * gpus  # hot spares included
         if self.deploy_trainer and self.gpu_quota < needed:
             raise FieldError(
                 ("gpu_quota",),
                 f"{self.gpu_quota} GPUs is below what the trainer release requests "
-                f"({self.gpu_node_group.desired_nodes} x {gpus} = {needed})",
+                f"({self.gpu_node_group.node_count} x {gpus} = {needed})",
             )
 
     @property

@@ -133,7 +133,7 @@ Takes .Values as its context.
 */}}
 {{- define "trainer.podRetriesTotal" -}}
 {{- if kindIs "invalid" .podRetriesTotal -}}
-{{- mul (int .nodes) (int .podRetriesPerIndex) -}}
+{{- mul (add (int .nodes) (int .spareNodes)) (int .podRetriesPerIndex) -}}
 {{- else -}}
 {{- int .podRetriesTotal -}}
 {{- end -}}

@@ -7,11 +7,12 @@ the local demo can run the very same argv after swapping the env entries that na
 {{/* ft_launcher's arguments, then `-m trainer` and the trainer's. */}}
 {{- define "trainer.args" -}}
 {{- $v := .Values -}}
-- --nnodes=$(NNODES)
+- --nnodes=$(NNODES):$(MAX_NNODES)
 - --nproc-per-node=$(NPROC_PER_NODE)
 - --rdzv-backend=c10d
 - --rdzv-endpoint=$(RDZV_ENDPOINT)
 - --rdzv-id=$(JOB_ID)
+- --ft-rdzv-impl=barrier
 - --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }}
 - --max-restarts={{ int $v.maxRestarts }}
 - {{ printf "--monitor-interval=%v" $v.monitorInterval | quote }}
@@ -21,6 +22,11 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--ft-rank-heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
 - {{ printf "--ft-initial-rank-heartbeat-timeout=%v" $v.ftInitialRankHeartbeatTimeout | quote }}
 - {{ printf "--ft-workload-check-interval=%v" $v.ftWorkloadCheckInterval | quote }}
+{{- /* NVRx's "do not restart" verdict (no progress across restarts) exits with 93, which
+     failJobExitCodes turns into FailJob; the trainer writes the iteration file at every commit. */}}
+- --ft-no-restart-exit-code=93
+- --ft-max-no-progress-cycles={{ int $v.maxNoProgressCycles }}
+- --ft-checkpoint-iteration-file=$(CHECKPOINT_DIR)/latest_checkpointed_iteration.txt
 - -m
 - trainer
 {{ include "trainer.trainerArgs" . }}
@@ -51,6 +57,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--inprocess-hard-timeout=%v" $v.inprocessHardTimeout | quote }}
 - {{ printf "--inprocess-barrier-timeout=%v" $v.inprocessBarrierTimeout | quote }}
 - {{ printf "--heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
+- {{ printf "--inprocess-liveness-timeout=%v" $v.inprocessLivenessTimeout | quote }}
 {{- range $name := keys $v.faults | sortAlpha }}
 - {{ printf "--fault=%s" (get $v.faults $name) | quote }}
 {{- end }}
@@ -74,6 +81,8 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
 {{- $efa := include "trainer.efaPerNode" . | int -}}
 - name: NNODES
   value: {{ int $v.nodes | quote }}
+- name: MAX_NNODES
+  value: {{ add (int $v.nodes) (int $v.spareNodes) | quote }}
 - name: NPROC_PER_NODE
   value: {{ int $v.gpusPerNode | quote }}
 - name: RDZV_ENDPOINT
@@ -318,8 +327,8 @@ spec:
 {{- define "trainer.jobFailureSpec" -}}
 {{- $v := .Values -}}
 completionMode: Indexed
-completions: {{ int $v.nodes }}
-parallelism: {{ int $v.nodes }}
+completions: {{ add (int $v.nodes) (int $v.spareNodes) }}
+parallelism: {{ add (int $v.nodes) (int $v.spareNodes) }}
 {{- /* Losing pod 0 (the rendezvous store's host) makes every other pod exit 1, each counting against
 its index: the default total therefore scales with the node count. */}}
 backoffLimit: {{ include "trainer.podRetriesTotal" $v }}

@@ -116,6 +116,12 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- if gt (float64 $v.ftRankHeartbeatTimeout) (float64 $v.ftInitialRankHeartbeatTimeout) }}
 {{- fail (printf "timeouts must nest: ftRankHeartbeatTimeout (%v s) must not exceed ftInitialRankHeartbeatTimeout (%v s); see values.yaml" $v.ftRankHeartbeatTimeout $v.ftInitialRankHeartbeatTimeout) }}
 {{- end }}
+{{- if gt (float64 $v.inprocessLivenessTimeout) (float64 $v.inprocessHardTimeout) }}
+{{- fail (printf "timeouts must nest: inprocessLivenessTimeout (%v s) must not exceed inprocessHardTimeout (%v s); see values.yaml" $v.inprocessLivenessTimeout $v.inprocessHardTimeout) }}
+{{- end }}
+{{- if le (float64 $v.inprocessLivenessTimeout) 1.0 }}
+{{- fail (printf "inprocessLivenessTimeout (%v s) must exceed the Wrapper's 1 s heartbeat interval" $v.inprocessLivenessTimeout) }}
+{{- end }}
 {{- include "trainer.requireIncreasing" (list
       (list "ftWorkloadCheckInterval" $v.ftWorkloadCheckInterval)
       (list "ftRankHeartbeatTimeout" $v.ftRankHeartbeatTimeout)) }}

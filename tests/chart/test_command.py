@@ -43,7 +43,7 @@ def test_contract_2_command_shape() -> None:
     assert container["command"] == ["ft_launcher"]
     args = container["args"]
     assert args[:5] == [
-        "--nnodes=$(NNODES)",
+        "--nnodes=$(NNODES):$(MAX_NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=$(RDZV_ENDPOINT)",

@@ -100,8 +100,9 @@ def test_chart_and_trainer_agree_on_nesting(timeouts: tuple[float, ...]) -> None
     from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 
     collective, soft, hard, barrier, heartbeat = timeouts
+    liveness = min(10, hard)  # the chart's default, lowered to fit under the hard timeout
     try:
-        Timeouts(collective, soft, hard, barrier, heartbeat).check()
+        Timeouts(collective, soft, hard, barrier, heartbeat, inprocess_liveness_timeout=liveness).check()
         trainer_ok = True
     except TimeoutNestingError:
         trainer_ok = False
@@ -111,6 +112,7 @@ def test_chart_and_trainer_agree_on_nesting(timeouts: tuple[float, ...]) -> None
         "inprocessHardTimeout": hard,
         "inprocessBarrierTimeout": barrier,
         "ftRankHeartbeatTimeout": heartbeat,
+        "inprocessLivenessTimeout": liveness,
         "ftInitialRankHeartbeatTimeout": max(heartbeat, 10),
         "ftWorkloadCheckInterval": 0.2,
         "monitorInterval": 0.1,

@@ -67,7 +67,7 @@ def test_gpu_nodegroup_ami_taint_label_repair(team: str, synth: SynthResult, cdk
             "NodeRepairConfig": {"Enabled": True},
             "ScalingConfig": {
                 "MinSize": config.min_nodes,
-                "DesiredSize": config.desired_nodes,
+                "DesiredSize": config.node_count,  # training nodes + hot spares
                 "MaxSize": config.max_nodes,
             },
             "Subnets": [ref(synth.stacks[team], synth.stacks[team].network.gpu_subnet)],
@@ -421,6 +421,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
     assert set(values) == {
         "image",
         "nodes",
+        "spareNodes",
         "instanceType",
         "gpusPerNode",
         "efaPerNode",
@@ -433,6 +434,7 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
     assert set(values["image"]) == {"repository", "tag"} and values["image"]["tag"]
     assert ".dkr.ecr." in values["image"]["repository"]
     assert values["nodes"] == config.gpu_node_group.desired_nodes
+    assert values["spareNodes"] == config.gpu_node_group.spare_nodes
     assert values["instanceType"] == instance
     assert values["gpusPerNode"] == 8
     assert values["efaPerNode"] == EXPECTED_EFA[instance]

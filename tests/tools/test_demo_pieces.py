@@ -90,7 +90,7 @@ def test_trainer_pod_from_the_rendered_chart_runs_ft_launcher_with_local_places(
     argv = pod.trainer.resolved_argv({"RDZV_ENDPOINT": "127.0.0.1:1234", "OUT_DIR": "/tmp/run"})
     assert argv[0] == "ft_launcher"
     assert "--rdzv-endpoint=127.0.0.1:1234" in argv
-    assert "--nnodes=2" in argv and "--nproc-per-node=2" in argv
+    assert "--nnodes=2:3" in argv and "--nproc-per-node=2" in argv  # 2 training pods + 1 hot spare
     assert "--out-dir=/tmp/run" in argv
     # Both tiers' faults travel through the chart's values into the trainer's arguments.
     faults = sorted(a for a in argv if a.startswith("--fault="))

@@ -51,6 +51,7 @@ from trainer.checkpoint.state import (
     fingerprint,
     tensor_bytes,
 )
+from trainer.resilience.progress import write_iteration_file
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +325,7 @@ class CheckpointManager:
                 unloadable=self._unloadable,
             )
             log.debug("retention deleted %s", [str(d) for d in deleted])
+            write_iteration_file(self.cfg.dir, p.step)  # ft_launcher's progress tracker reads it
         except Exception as exc:
             layout.discard(p.tmp)
             return False, f"{type(exc).__name__}: {exc}"

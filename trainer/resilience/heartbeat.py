@@ -99,7 +99,16 @@ class Heartbeat:
         if not self._enabled or self._client is not None:
             return
         client = self._factory()
-        client.init_workload_monitoring()
+        try:
+            client.init_workload_monitoring()
+        except OSError as exc:
+            # ft_launcher (0.4.1 and 0.7.0) never restarts a rank monitor that died: failing here would
+            # fail every restart of this rank until the launcher's restarts run out, then the whole job.
+            # Run without launcher heartbeats instead; the Wrapper, the collective timeout and the
+            # launcher's worker-exit monitor still watch this rank.
+            log.warning("heartbeat: rank monitor unreachable (%s): running without launcher heartbeats", exc)
+            self._enabled = False
+            return
         self._client = client
         log.info("heartbeat: connected to the ft_launcher rank monitor")
 

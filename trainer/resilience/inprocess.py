@@ -18,6 +18,11 @@ What this module adds to a plain Wrapper, and why:
   the Wrapper (RestartAbort) and ft_launcher restarts all workers.
 * A bounded number of in-process restarts per rank (FaultCounter), after which the process exits and
   tier 2 takes over.
+* A store that works around an NVRx bug (0.4.1 and 0.7.0; docs/nvrx-bug-initial-ranks.md): the monitor
+  process of a rank that sees a peer vanish writes the peer's initial rank into the termination barrier
+  as bytes (`b'1'`), after which every survivor's `CallWrapper.shutdown` fails to parse it, never stops
+  its (non-daemon) progress watchdog and hangs at exit until the hard timeout. `IntRanksTCPStore` turns
+  the ranks back into ints; it is inert once NVRx passes ints.
 
 Only APIs present in both NVRx 0.4.1 and 0.7.x are used: Wrapper(store_factory, store_kwargs, abort,
 health_check, rank_assignment, the interval/timeout keywords), CallWrapper.ping/iteration, Abort,
@@ -120,8 +125,33 @@ class CpuSafeHealthCheck(HealthCheck):
         return state
 
 
+class IntRanksTCPStore(TCPStore):
+    """NVRx's TCPStore whose termination barrier takes ranks as ints even when NVRx passes bytes.
+
+    `SiblingMonitor.terminate_unresponsive_ranks` passes `store.get_initial_ranks(...)`, raw
+    `multi_get` values (bytes), to `termination_barrier`, which appends `str(rank)` ("b'1'") to the
+    barrier's list; every later reader's `int()` of that list raises. The monitor process builds its
+    store with this class too (it gets the Wrapper's store_factory), so the bad entry is never written.
+    """
+
+    def termination_barrier(self, ranks: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().termination_barrier([int(r) for r in ranks], *args, **kwargs)
+
+
 class LeaveToTier2(RestartAbort):
     """A rank was terminated: this process leaves the Wrapper so that ft_launcher restarts all workers."""
+
+
+def left_for_tier2(exc: BaseException) -> "LeaveToTier2 | None":
+    """The LeaveToTier2 that made the Wrapper return, also when NVRx chained another error onto it."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, LeaveToTier2):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class GiveUp(RestartAbort):
@@ -163,7 +193,7 @@ def make_wrapper(timeouts: Timeouts, ports: Ports) -> inprocess.Wrapper:
     health = inprocess.Compose(CpuSafeHealthCheck(), FaultCounter(max_rank_faults=MAX_INPROCESS_RESTARTS))
     with _without_local_rank_on_cpu():
         wrapper = inprocess.Wrapper(
-            store_factory=TCPStore,
+            store_factory=IntRanksTCPStore,
             store_kwargs={
                 "host_name": ports.host,
                 "port": ports.inprocess_port,

@@ -9,6 +9,12 @@ kills work that a fast tier would have saved. From inner to outer:
       < inprocess_barrier_timeout  tier 1: ranks wait this long for each other between iterations
       < heartbeat_timeout       tier 2: ft_launcher declares a rank hung and restarts all workers
 
+Liveness is apart from that chain: `inprocess_liveness_timeout` is how long the Wrapper's monitor processes
+(one per rank, beating every second from their own process, whatever the step time) wait for a missing
+peer before declaring it dead. A node that vanishes without closing its sockets is noticed this way, so
+it is short (10 s by default, so a lost node is noticed within ~11 s), only bounded by one heartbeat
+interval below and by `inprocess_hard_timeout` above (beyond it the hard timeout acts first).
+
 `heartbeat_timeout` here must equal the launcher's `--ft-rank-heartbeat-timeout` (the chart renders both
 from one value).
 
@@ -48,6 +54,8 @@ from datetime import timedelta
 
 PG_PORT_OFFSET = 1
 INPROCESS_PORT_OFFSET = 2
+DEFAULT_LIVENESS_TIMEOUT = 10.0
+"""Seconds: a lost node is noticed within this plus one heartbeat interval (1 s)."""
 
 
 class TimeoutNestingError(ValueError):
@@ -73,6 +81,9 @@ class Timeouts:
     """Tier 1: how long ranks wait for each other at the Wrapper's barriers."""
     heartbeat_timeout: float = 300.0
     """Tier 2: ft_launcher's --ft-rank-heartbeat-timeout (must match the launcher flag)."""
+    inprocess_liveness_timeout: float | None = None
+    """Tier 1: seconds without a heartbeat from a peer's Wrapper monitor before that peer counts as dead;
+    None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
 
     def check(self) -> None:
         """Raise TimeoutNestingError naming the first field that is not positive or does not nest."""
@@ -92,6 +103,12 @@ class Timeouts:
                     outer,
                     f"must be greater than {inner} ({inner_v} s) so the inner tier acts first, got {outer_v}",
                 )
+        if not self.heartbeat_interval < self.liveness_timeout <= self.inprocess_hard_timeout:
+            raise TimeoutNestingError(
+                "inprocess_liveness_timeout",
+                f"must exceed the Wrapper heartbeat interval ({self.heartbeat_interval} s) and not exceed "
+                f"inprocess_hard_timeout ({self.inprocess_hard_timeout} s), got {self.liveness_timeout}",
+            )
         if self.monitor_interval >= self.inprocess_soft_timeout:
             raise TimeoutNestingError("inprocess_soft_timeout", "must exceed the Wrapper monitor interval")
 
@@ -100,6 +117,18 @@ class Timeouts:
     def monitor_interval(self) -> float:
         """Monitor thread/process poll interval of the Wrapper (TRAINER_INPROCESS_MONITOR_INTERVAL)."""
         return float(os.environ.get("TRAINER_INPROCESS_MONITOR_INTERVAL", "0.1"))
+
+    @property
+    def liveness_timeout(self) -> float:
+        """The Wrapper's heartbeat timeout in force (see inprocess_liveness_timeout)."""
+        if self.inprocess_liveness_timeout is not None:
+            return self.inprocess_liveness_timeout
+        return min(DEFAULT_LIVENESS_TIMEOUT, self.inprocess_hard_timeout)
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often each Wrapper monitor process beats (liveness, independent of step time)."""
+        return max(self.monitor_interval, 1.0)
 
     @property
     def last_call_wait(self) -> float:
@@ -114,9 +143,9 @@ class Timeouts:
             "monitor_thread_interval": interval,
             "monitor_process_interval": interval,
             "progress_watchdog_interval": interval,
-            "heartbeat_interval": td(seconds=max(self.monitor_interval, 1.0)),
-            # Missing-rank detection between Wrapper monitor processes: as patient as the hard timeout.
-            "heartbeat_timeout": td(seconds=self.inprocess_hard_timeout),
+            "heartbeat_interval": td(seconds=self.heartbeat_interval),
+            # Missing-rank detection between Wrapper monitor processes: liveness, not progress.
+            "heartbeat_timeout": td(seconds=self.liveness_timeout),
             "soft_timeout": td(seconds=self.inprocess_soft_timeout),
             "hard_timeout": td(seconds=self.inprocess_hard_timeout),
             "barrier_timeout": td(seconds=self.inprocess_barrier_timeout),

@@ -1,0 +1,225 @@
+"""`LocalJob` plays the Job controller for an Indexed Job: it starts one pod per index, replaces a pod that
+died (a new attempt with the same index and a fresh marker), and finishes when every index has exited 0.
+Pods killed through `kill_pod` count as disruptions (a lost node, which a podFailurePolicy `Ignore` rule on
+`DisruptionTarget` does not count), other failures count against `backoff_limit`, and an exit code listed
+in `fail_job_exit_codes` fails the job at once (podFailurePolicy `FailJob`).
+
+The pods themselves (process trees killed whole) are tools/localpod.py.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tools.localpod import LocalPod
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """What the controller needs to (re)create the pod of one index."""
+
+    name: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class PodExit:
+    """One pod attempt that ended: its index, attempt number, exit code, why and when (unix time)."""
+
+    index: int
+    attempt: int
+    returncode: int
+    reason: str  # "succeeded", "failed", "disrupted" (killed as a lost node), "fail-job"
+    t: float
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """The job's outcome: `succeeded` when every index exited 0; every pod attempt that ended."""
+
+    succeeded: bool
+    reason: str
+    exits: tuple[PodExit, ...]
+
+    def attempts(self, index: int) -> int:
+        """How many pods were started for `index` and ended."""
+        return sum(1 for e in self.exits if e.index == index)
+
+
+class LocalJob:
+    """An Indexed Job on this machine: one LocalPod per index, replaced when it dies."""
+
+    def __init__(
+        self,
+        pods: Sequence[PodSpec],
+        *,
+        backoff_limit: int = 0,
+        fail_job_exit_codes: Sequence[int] = (),
+        replace_delay_s: float = 0.0,
+        host_port: int | None = None,
+        host_wait_s: float = 30.0,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        """`backoff_limit`: pod failures (not disruptions) tolerated; `replace_delay_s`: time before a
+        replacement starts (a real scheduler takes seconds to minutes); `on_event(kind, fields)`: progress
+        callback ("pod_start", "pod_exit").
+
+        `host_port`: the rendezvous port that pod 0's launcher serves. On a cluster only pod 0 matches
+        the endpoint's host name, so it alone hosts the c10d store. On one machine every launcher
+        matches 127.0.0.1 and the first to bind wins, so `start` waits (up to `host_wait_s`) until
+        pod 0 listens there before starting the others; replacements of other pods then join as
+        clients."""
+        if not pods:
+            raise ValueError("pods: at least one pod is needed")
+        if backoff_limit < 0:
+            raise ValueError("backoff_limit: must be >= 0")
+        if replace_delay_s < 0:
+            raise ValueError("replace_delay_s: must be >= 0")
+        self._specs = list(pods)
+        self._backoff_limit = backoff_limit
+        self._fail_job_codes = frozenset(fail_job_exit_codes)
+        self._replace_delay_s = replace_delay_s
+        self._host_port = host_port
+        self._host_wait_s = host_wait_s
+        self._on_event = on_event
+        self._pods: dict[int, LocalPod] = {}
+        self._attempt: dict[int, int] = {}
+        self._done: set[int] = set()
+        self._disrupted: set[int] = set()  # indexes whose current pod was killed by kill_pod
+        self._pending: dict[int, float] = {}  # index -> time its replacement may start
+        self._exits: list[PodExit] = []
+        self._failures = 0
+        self._result: JobResult | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> LocalJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start every index's first pod, in index order (index 0 first, as the rendezvous host)."""
+        for index in range(len(self._specs)):
+            self._start_pod(index)
+            if index == 0 and self._host_port is not None:
+                self._wait_listening(self._host_port)
+
+    def pod(self, index: int) -> LocalPod:
+        """The current pod of `index`."""
+        return self._pods[index]
+
+    @property
+    def exits(self) -> tuple[PodExit, ...]:
+        """Every pod attempt that ended so far."""
+        return tuple(self._exits)
+
+    def kill_pod(self, index: int) -> set[int]:
+        """Lose the node of `index`: SIGKILL its whole pod; the controller will replace it."""
+        self._disrupted.add(index)
+        return self._pods[index].kill()
+
+    def poll(self) -> JobResult | None:
+        """Reap ended pods, start due replacements; the result once the job has finished."""
+        if self._result is not None:
+            return self._result
+        now = time.time()
+        for index, pod in list(self._pods.items()):
+            if index in self._done or index in self._pending:
+                continue
+            rc = pod.poll()
+            if rc is None:
+                continue
+            reason = self._classify(index, rc)
+            self._record(PodExit(index, self._attempt[index], rc, reason, now))
+            if reason == "succeeded":
+                self._done.add(index)
+            elif reason == "fail-job":
+                return self._finish(False, f"pod {pod.name} exited {rc} (FailJob rule)")
+            else:
+                if reason == "failed":
+                    self._failures += 1
+                    if self._failures > self._backoff_limit:
+                        return self._finish(False, f"backoff limit {self._backoff_limit} exceeded")
+                self._pending[index] = now + self._replace_delay_s
+        for index, due in list(self._pending.items()):
+            if now >= due:
+                del self._pending[index]
+                self._start_pod(index)
+        if len(self._done) == len(self._specs):
+            return self._finish(True, "every index completed")
+        return None
+
+    def wait(self, timeout_s: float, poll_s: float = 0.2) -> JobResult:
+        """Run the controller until the job finishes; on timeout stop every pod and report it."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            result = self.poll()
+            if result is not None:
+                return result
+            time.sleep(poll_s)
+        return self._finish(False, f"timed out after {timeout_s:.0f} s")
+
+    def stop(self) -> None:
+        """Kill every pod still running (teardown; not recorded as exits)."""
+        for pod in self._pods.values():
+            try:
+                if pod.poll() is None or pod.processes():
+                    pod.kill()
+            except RuntimeError:
+                continue
+
+    # -- internals -------------------------------------------------------------------------------
+    def _start_pod(self, index: int) -> None:
+        spec = self._specs[index]
+        attempt = self._attempt.get(index, -1) + 1
+        self._attempt[index] = attempt
+        self._disrupted.discard(index)
+        pod = LocalPod(spec.name, spec.argv, spec.env, spec.log_path)
+        pod.start()
+        self._pods[index] = pod
+        self._emit("pod_start", {"index": index, "attempt": attempt, "pid": pod.pid, "name": spec.name})
+
+    def _wait_listening(self, port: int) -> None:
+        deadline = time.monotonic() + self._host_wait_s
+        while time.monotonic() < deadline:
+            if self._pods[0].poll() is not None:
+                return  # pod 0 died at start; the controller deals with it in poll()
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"host_port: pod 0 not listening on 127.0.0.1:{port} after {self._host_wait_s} s")
+
+    def _classify(self, index: int, rc: int) -> str:
+        if index in self._disrupted:
+            return "disrupted"
+        if rc == 0:
+            return "succeeded"
+        if rc in self._fail_job_codes:
+            return "fail-job"
+        return "failed"
+
+    def _record(self, ex: PodExit) -> None:
+        self._exits.append(ex)
+        self._emit(
+            "pod_exit",
+            {"index": ex.index, "attempt": ex.attempt, "returncode": ex.returncode, "reason": ex.reason},
+        )
+
+    def _finish(self, ok: bool, reason: str) -> JobResult:
+        if not ok:
+            self.stop()
+        self._result = JobResult(ok, reason, tuple(self._exits))
+        return self._result
+
+    def _emit(self, kind: str, fields: dict[str, Any]) -> None:
+        if self._on_event is not None:
+            self._on_event(kind, fields)
