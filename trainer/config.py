@@ -18,6 +18,8 @@ from typing import Any, Literal
 from trainer.faults import FaultSpec, parse_fault
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
+from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DIR
+from trainer.snapshot.config import SnapshotConfig
 
 Device = Literal["auto", "cpu", "cuda"]
 CkptMode = Literal["nvrx", "torch-async", "sync"]
@@ -76,6 +78,8 @@ class TrainConfig:
     metrics_port: int = 0
     """Prometheus port on rank 0; 0 disables the exporter."""
     device: Device = "auto"
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    """In-memory snapshots (trainer/snapshot/): the restore point of tier 1 and tier 2."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,6 +115,15 @@ class TrainConfig:
             if not torch.cuda.is_available():
                 raise ConfigError("device", "cuda requested but torch sees no GPU")
         self._validate_ckpt()
+        if self.snapshot.interval_steps < 0:
+            raise ConfigError(
+                "snapshot_interval", f"must be >= 0 (0 = off), got {self.snapshot.interval_steps}"
+            )
+        if self.snapshot.enabled and self.snapshot.dir.resolve() in (
+            self.ckpt.dir.resolve(),
+            *([self.ckpt.local_dir.resolve()] if self.ckpt.local_dir else []),
+        ):
+            raise ConfigError("snapshot_dir", "must differ from the checkpoint directories")
         try:
             self.timeouts.check()
         except TimeoutNestingError as exc:
@@ -182,6 +195,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt-interval", type=int, default=10, help="save every N steps")
     p.add_argument("--ckpt-keep", type=int, default=3, help="committed checkpoints to keep")
     p.add_argument("--ckpt-mode", choices=["nvrx", "torch-async", "sync"], default="nvrx", help="save path")
+    p.add_argument(
+        "--snapshot-interval",
+        type=int,
+        default=0,
+        help="copy model, optimizer and trainer state into host memory every N steps (0 = off)",
+    )
+    p.add_argument(
+        "--snapshot-dir", type=Path, default=SNAPSHOT_DIR, help="memory-backed dir for the snapshots"
+    )
     p.add_argument(
         "--out-dir", type=Path, default=Path("out/run"), help="events, summary.json, fault markers"
     )
@@ -261,4 +283,5 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         fault_seed=args.fault_seed,
         metrics_port=args.metrics_port,
         device=args.device,
+        snapshot=SnapshotConfig(interval_steps=args.snapshot_interval, dir=args.snapshot_dir),
     )
