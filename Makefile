@@ -20,7 +20,7 @@ help: ## List the targets
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[infra,trainer,report,test,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[infra,trainer,cluster,report,test,dev]'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

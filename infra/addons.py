@@ -1,8 +1,10 @@
-"""Cluster add-ons: the NVIDIA and EFA device plugins as pinned Helm charts, and the team namespace with
-its nvidia.com/gpu ResourceQuota and the trainer's service account."""
+"""Cluster add-ons: the VPC CNI with network-policy enforcement, the NVIDIA and EFA device plugins as pinned
+Helm charts, and the team namespace with its nvidia.com/gpu ResourceQuota and the trainer's service
+account."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,10 @@ NVIDIA_DEVICE_PLUGIN = PinnedChart(
     "https://nvidia.github.io/k8s-device-plugin", "nvidia-device-plugin", "0.18.2"
 )
 EFA_DEVICE_PLUGIN = PinnedChart("https://aws.github.io/eks-charts", "aws-efa-k8s-device-plugin", "v0.5.29")
+
+# The VPC CNI enforces NetworkPolicy only with its network-policy agent on; the chart's policies (the only
+# boundary around the trainer's unauthenticated stores) are inert without it.
+VPC_CNI_CONFIGURATION = {"enableNetworkPolicy": "true"}
 
 _GPU_TOLERATIONS = [
     {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
@@ -61,14 +67,25 @@ def device_plugin_values() -> dict[str, dict[str, Any]]:
 class ClusterAddons(Construct):
     """Device plugins and the team namespace.
 
-    Attributes: `namespace` (the Namespace manifest others depend on), `namespace_objects` (quota and
-    service account), `nvidia_device_plugin`, `efa_device_plugin`.
+    Attributes: `vpc_cni`, `namespace` (the Namespace manifest others depend on), `namespace_objects`
+    (quota and service account), `nvidia_device_plugin`, `efa_device_plugin`.
     """
 
     def __init__(
         self, scope: Construct, construct_id: str, *, team: TeamConfig, cluster: eks.Cluster
     ) -> None:
         super().__init__(scope, construct_id)
+        # EKS installs the VPC CNI unmanaged with every cluster; the managed add-on takes it over
+        # (OVERWRITE) and is kept on stack deletion, so nodes keep their networking while the stack goes.
+        self.vpc_cni = eks.CfnAddon(
+            self,
+            "VpcCni",
+            cluster_name=cluster.cluster_name,
+            addon_name="vpc-cni",
+            resolve_conflicts="OVERWRITE",
+            preserve_on_delete=True,
+            configuration_values=json.dumps(VPC_CNI_CONFIGURATION),
+        )
         values = device_plugin_values()
         self.nvidia_device_plugin = self._chart(cluster, "NvidiaDevicePlugin", NVIDIA_DEVICE_PLUGIN, values)
         self.efa_device_plugin = self._chart(cluster, "EfaDevicePlugin", EFA_DEVICE_PLUGIN, values)

@@ -1,13 +1,19 @@
 """Catalog of the GPU instance types a team may choose, with the hardware facts the stacks derive from.
 
-Figures are from the EC2 instance-type documentation (accelerated computing, EFA and network cards).
-Everything that depends on the instance type (EFA interfaces in the launch template, GPUs per pod, EFA
-devices per pod, the namespace quota ceiling) is computed from this table, never hard-coded elsewhere.
+The figures live in k8s/instance-types.json, the one table the chart also reads (for the GPUs and EFA
+devices a pod may request), so infra and chart cannot disagree. They are from the EC2 instance-type
+documentation (accelerated computing, EFA and network cards). Everything that depends on the instance type
+(EFA interfaces in the launch template, GPUs per pod, EFA devices per pod, the namespace quota ceiling) is
+computed from this table, never hard-coded elsewhere.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+
+INSTANCE_TYPES_FILE = Path(__file__).resolve().parent.parent / "k8s" / "instance-types.json"
 
 
 @dataclass(frozen=True)
@@ -25,23 +31,22 @@ class GpuInstanceType:
     nvme_gib_each: int
 
 
-GPU_INSTANCE_TYPES: dict[str, GpuInstanceType] = {
-    t.name: t
-    for t in (
-        GpuInstanceType(
-            "p5.48xlarge", gpus=8, efa_interfaces=32, network_cards=32, nvme_devices=8, nvme_gib_each=3576
-        ),
-        GpuInstanceType(
-            "p5e.48xlarge", gpus=8, efa_interfaces=32, network_cards=32, nvme_devices=8, nvme_gib_each=3576
-        ),
-        GpuInstanceType(
-            "p5en.48xlarge", gpus=8, efa_interfaces=16, network_cards=16, nvme_devices=8, nvme_gib_each=3576
-        ),
-        GpuInstanceType(
-            "p4d.24xlarge", gpus=8, efa_interfaces=4, network_cards=4, nvme_devices=8, nvme_gib_each=931
-        ),
-    )
-}
+def _load(path: Path) -> dict[str, GpuInstanceType]:
+    types = json.loads(path.read_text(encoding="utf-8"))["types"]
+    return {
+        name: GpuInstanceType(
+            name,
+            gpus=facts["gpus"],
+            efa_interfaces=facts["efaInterfaces"],
+            network_cards=facts["networkCards"],
+            nvme_devices=facts["nvmeDevices"],
+            nvme_gib_each=facts["nvmeGibEach"],
+        )
+        for name, facts in types.items()
+    }
+
+
+GPU_INSTANCE_TYPES: dict[str, GpuInstanceType] = _load(INSTANCE_TYPES_FILE)
 
 DEFAULT_GPU_INSTANCE_TYPE = "p5.48xlarge"
 

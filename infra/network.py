@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import ArnFormat, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -35,7 +37,7 @@ class Network(Construct):
     """The VPC of one team.
 
     Attributes: `vpc`, `gpu_subnet` (the one subnet GPU nodes and FSx use), `private_subnets` (system nodes,
-    control-plane ENIs, endpoints).
+    control-plane ENIs, endpoints), `flow_log_key` (encrypts the flow logs).
     """
 
     def __init__(self, scope: Construct, construct_id: str, *, config: NetworkConfig) -> None:
@@ -94,14 +96,61 @@ class Network(Construct):
             # HTTPS from the VPC only, written as the literal CIDR (a token CIDR cannot be reviewed).
             endpoint.connections.allow_default_port_from(ec2.Peer.ipv4(config.vpc_cidr), "HTTPS from the VPC")
 
-        flow_log_group = logs.LogGroup(
-            self, "FlowLogs", retention=logs.RetentionDays.ONE_YEAR, removal_policy=RemovalPolicy.RETAIN
-        )
+        self.flow_log_key, flow_log_group = self._flow_log_group()
         self.vpc.add_flow_log(
             "FlowLog",
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
             traffic_type=ec2.FlowLogTrafficType.REJECT,
         )
+
+    def _flow_log_group(self) -> tuple[kms.Key, logs.LogGroup]:
+        """The flow logs' group, encrypted with a key CloudWatch Logs may use for this group only."""
+        stack = Stack.of(self)
+        # A fixed name, so the key policy can name the one log group (a generated name would make the
+        # key depend on the group and the group on the key).
+        group_name = f"/nvrx-blueprint/{stack.stack_name}/vpc-flow-logs"
+        key = kms.Key(
+            self,
+            "FlowLogsKey",
+            description=f"VPC flow logs of stack {stack.stack_name}",
+            enable_key_rotation=True,
+            # Retained with the log group: deleting the key would make a year of flow logs unreadable.
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        # https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=[
+                    "kms:Encrypt*",
+                    "kms:Decrypt*",
+                    "kms:ReEncrypt*",
+                    "kms:GenerateDataKey*",
+                    "kms:Describe*",
+                ],
+                resources=["*"],  # in a key policy, "*" is this key
+                conditions={
+                    "ArnEquals": {
+                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                            service="logs",
+                            resource="log-group",
+                            resource_name=group_name,
+                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                        )
+                    }
+                },
+            )
+        )
+        group = logs.LogGroup(
+            self,
+            "FlowLogs",
+            log_group_name=group_name,
+            encryption_key=key,
+            retention=logs.RetentionDays.ONE_YEAR,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        group.node.add_dependency(key)  # the key policy must allow CloudWatch Logs before the group uses it
+        return key, group
 
     def _nat_gateway_id(self, az: str) -> str:
         for subnet in self.vpc.public_subnets:

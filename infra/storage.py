@@ -16,13 +16,15 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from infra.config import TeamConfig
+from infra.config import FsxConfig, TeamConfig
 from infra.network import Network
 
 FSX_PVC_NAME = "fsx-shared"
 FSX_CSI_CONTROLLER_SA = "fsx-csi-controller-sa"
 # Lustre: 988 for the client/server protocol, 1018-1023 for LNet between clients and servers.
 LUSTRE_PORTS = [ec2.Port.tcp(988), ec2.Port.tcp_range(1018, 1023)]
+# The claim's request (see SharedStorage._volume): the smallest FSx capacity, so it never exceeds the PV's.
+PVC_REQUEST = "1200Gi"
 
 
 class SharedStorage(Construct):
@@ -43,19 +45,7 @@ class SharedStorage(Construct):
         namespace: eks.KubernetesManifest,
     ) -> None:
         super().__init__(scope, construct_id)
-        config = team.fsx
-
-        self.security_group = ec2.SecurityGroup(
-            self,
-            "SecurityGroup",
-            vpc=network.vpc,
-            allow_all_outbound=True,
-            description=f"FSx for Lustre of team {team.name}: Lustre ports from the file system and nodes",
-        )
-        for port in LUSTRE_PORTS:
-            self.security_group.add_ingress_rule(self.security_group, port, "Lustre between file servers")
-            self.security_group.connections.allow_from(cluster.cluster_security_group, port, "Lustre clients")
-
+        self.security_group = self._security_group(team, network, cluster)
         self.key = kms.Key(
             self,
             "Key",
@@ -63,9 +53,32 @@ class SharedStorage(Construct):
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.RETAIN,
         )
+        self.file_system = self._file_system(team.fsx, network)
+        self.repository_association = self._s3_association(team.fsx)
+        self.csi_addon = self._csi_driver(cluster)
+        self.pvc_manifest = self._volume(team, cluster)
+        self.pvc_manifest.node.add_dependency(namespace)
+        self.pvc_manifest.node.add_dependency(self.csi_addon)
+
+    def _security_group(self, team: TeamConfig, network: Network, cluster: eks.Cluster) -> ec2.SecurityGroup:
+        """Lustre ports only, from the file servers themselves and from the cluster's nodes."""
+        group = ec2.SecurityGroup(
+            self,
+            "SecurityGroup",
+            vpc=network.vpc,
+            allow_all_outbound=True,
+            description=f"FSx for Lustre of team {team.name}: Lustre ports from the file system and nodes",
+        )
+        for port in LUSTRE_PORTS:
+            group.add_ingress_rule(group, port, "Lustre between file servers")
+            group.connections.allow_from(cluster.cluster_security_group, port, "Lustre clients")
+        return group
+
+    def _file_system(self, config: FsxConfig, network: Network) -> fsx.CfnFileSystem:
+        """PERSISTENT_2 in the GPU subnet, encrypted with the team key, retained past the stack."""
         # The L1 resource, not LustreFileSystem: the L2 opens 988-1023 within its group, wider than the
         # two port ranges Lustre uses.
-        self.file_system = fsx.CfnFileSystem(
+        file_system = fsx.CfnFileSystem(
             self,
             "FileSystem",
             file_system_type="LUSTRE",
@@ -81,28 +94,33 @@ class SharedStorage(Construct):
                 data_compression_type="LZ4",
             ),
         )
-        self.file_system.apply_removal_policy(RemovalPolicy.RETAIN)
+        file_system.apply_removal_policy(RemovalPolicy.RETAIN)
+        return file_system
 
-        self.repository_association: fsx.CfnDataRepositoryAssociation | None = None
-        if config.s3_path is not None:
-            self.repository_association = fsx.CfnDataRepositoryAssociation(
-                self,
-                "S3Association",
-                file_system_id=self.file_system.ref,
-                file_system_path=config.s3_file_system_path,
-                data_repository_path=config.s3_path,
-                batch_import_meta_data_on_create=True,
-                s3=fsx.CfnDataRepositoryAssociation.S3Property(
-                    # Deletions are not exported: keep-latest-k pruning on FSx must not prune the S3 copy.
-                    auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
-                        events=["NEW", "CHANGED"]
-                    ),
-                    auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
-                        events=["NEW", "CHANGED", "DELETED"]
-                    ),
+    def _s3_association(self, config: FsxConfig) -> fsx.CfnDataRepositoryAssociation | None:
+        """The optional S3 data repository association (None without `fsx.s3_path`)."""
+        if config.s3_path is None:
+            return None
+        return fsx.CfnDataRepositoryAssociation(
+            self,
+            "S3Association",
+            file_system_id=self.file_system.ref,
+            file_system_path=config.s3_file_system_path,
+            data_repository_path=config.s3_path,
+            batch_import_meta_data_on_create=True,
+            s3=fsx.CfnDataRepositoryAssociation.S3Property(
+                # Deletions are not exported: keep-latest-k pruning on FSx must not prune the S3 copy.
+                auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
+                    events=["NEW", "CHANGED"]
                 ),
-            )
+                auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
+                    events=["NEW", "CHANGED", "DELETED"]
+                ),
+            ),
+        )
 
+    def _csi_driver(self, cluster: eks.Cluster) -> eks.CfnAddon:
+        """The FSx CSI driver add-on; its controller may describe this file system and nothing else."""
         # Static provisioning only: the controller needs to describe, never to create or delete.
         csi_role = iam.Role(
             self,
@@ -121,7 +139,7 @@ class SharedStorage(Construct):
                 ],
             )
         )
-        self.csi_addon = eks.CfnAddon(
+        return eks.CfnAddon(
             self,
             "CsiDriver",
             cluster_name=cluster.cluster_name,
@@ -134,15 +152,18 @@ class SharedStorage(Construct):
             ],
         )
 
+    def _volume(self, team: TeamConfig, cluster: eks.Cluster) -> eks.KubernetesManifest:
+        """The static PV (reclaim Retain) bound to the PVC the trainer mounts."""
         pv_name = f"{team.name}-fsx"
-        self.pvc_manifest = cluster.add_manifest(
+        return cluster.add_manifest(
             "FsxVolume",
             {
                 "apiVersion": "v1",
                 "kind": "PersistentVolume",
                 "metadata": {"name": pv_name},
                 "spec": {
-                    "capacity": {"storage": f"{config.storage_gib}Gi"},
+                    # Mutable: follows the file system when its capacity grows.
+                    "capacity": {"storage": f"{team.fsx.storage_gib}Gi"},
                     "volumeMode": "Filesystem",
                     "accessModes": ["ReadWriteMany"],
                     "persistentVolumeReclaimPolicy": "Retain",
@@ -166,9 +187,11 @@ class SharedStorage(Construct):
                     "accessModes": ["ReadWriteMany"],
                     "storageClassName": "",
                     "volumeName": pv_name,
-                    "resources": {"requests": {"storage": f"{config.storage_gib}Gi"}},
+                    # A constant, not the file system's size: a bound claim's request can only grow
+                    # through a StorageClass that allows expansion (this one has none), so a request
+                    # that followed fsx.storage_gib would make the API server refuse the next deploy
+                    # after the file system grew. Binding only needs request <= the PV's capacity.
+                    "resources": {"requests": {"storage": PVC_REQUEST}},
                 },
             },
         )
-        self.pvc_manifest.node.add_dependency(namespace)
-        self.pvc_manifest.node.add_dependency(self.csi_addon)

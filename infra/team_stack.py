@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aws_cdk import Acknowledgment, Environment, Stack, Tags, Validations
+from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.addons import ClusterAddons
@@ -56,6 +57,15 @@ class TeamStack(Stack):
             )
             self.trainer.release.node.add_dependency(self.addons.namespace_objects)
             self.trainer.release.node.add_dependency(self.storage.pvc_manifest)
+        self._wait_for_system_nodes()
+
+    def _wait_for_system_nodes(self) -> None:
+        """Every add-on and Helm release waits for the system node group: their controllers and
+        webhooks need a node to run on, or the add-on stays degraded and a release times out."""
+        system_nodes = self.cluster.system_nodegroup
+        for construct in self.node.find_all():
+            if isinstance(construct, eks.CfnAddon | eks.HelmChart) and construct is not system_nodes:
+                construct.node.add_dependency(system_nodes)
 
     @property
     def availability_zones(self) -> list[str]:

@@ -65,10 +65,14 @@ def test_contract_2_command_shape() -> None:
 
 
 def test_env_names_cluster_places() -> None:
-    env = env_of(trainer_container(render({"nodes": 4, "gpusPerNode": 8, "rdzvPort": 29555}, release="r1")))
+    manifests = render({"nodes": 4, "gpusPerNode": 8, "rdzvPort": 29555}, release="r1")
+    env = env_of(trainer_container(manifests))
+    job = next(m for m in manifests if m["kind"] == "Job")["metadata"]["name"]
     assert env["NNODES"] == "4"
     assert env["NPROC_PER_NODE"] == "8"
-    assert env["RDZV_ENDPOINT"] == "r1-trainer-0.r1-trainer.team-a.svc.cluster.local:29555"
+    # Pod 0 of the Job (its name: the full name plus a digest of its spec) under the headless Service.
+    assert job.startswith("r1-trainer-")
+    assert env["RDZV_ENDPOINT"] == f"{job}-0.r1-trainer.team-a.svc.cluster.local:29555"
     assert env["JOB_ID"] == "r1-trainer"
     assert env["CHECKPOINT_DIR"] == "/fsx/checkpoints/r1-trainer"
     assert env["OUT_DIR"] == "/fsx/runs/r1-trainer"
@@ -249,7 +253,8 @@ def test_contract_1_values_reach_the_pods() -> None:
 
 
 def test_synthetic_data_init_container_matches_the_preset_vocabulary() -> None:
-    pod = by_kind(render({"syntheticTokens": 5000, "preset": "small"}), "Job")[0]["spec"]["template"]["spec"]
+    values = {"syntheticTokens": 5000, "preset": "small", "seqLen": 2048}
+    pod = by_kind(render(values), "Job")[0]["spec"]["template"]["spec"]
     init, check = pod["initContainers"]  # data first: the config check looks for the data file
     assert (init["name"], check["name"]) == ("synthetic-data", "check-config")
     script = init["args"][0]
@@ -289,7 +294,8 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
     ok = run_check({"preset": "tiny", "seqLen": 128})
     assert ok.returncode == 0, ok.stderr
     assert "config ok" in ok.stdout
-    bad = run_check({"preset": "tiny", "seqLen": 100000})
+    # The chart refuses seqLen beyond the preset itself; extraTrainerArgs (appended last) get past it.
+    bad = run_check({"preset": "tiny", "seqLen": 128, "extraTrainerArgs": ["--seq-len=100000"]})
     assert bad.returncode == 2
     assert "seq_len" in bad.stderr
 
@@ -298,7 +304,8 @@ def test_preset_vocabularies_mirror_the_trainer() -> None:
     from trainer.model import PRESETS
 
     for preset, cfg in PRESETS.items():
-        pod = by_kind(render({"syntheticTokens": 10, "preset": preset}), "Job")[0]["spec"]["template"]["spec"]
+        values = {"syntheticTokens": 10, "preset": preset, "seqLen": 128}
+        pod = by_kind(render(values), "Job")[0]["spec"]["template"]["spec"]
         assert f"--vocab {cfg.vocab_size} " in pod["initContainers"][0]["args"][0], preset
 
 

@@ -191,6 +191,10 @@ def test_notes_tell_where_the_run_writes() -> None:
     assert result.returncode == 0, result.stderr
     notes = result.stdout.split("NOTES:", 1)[1]
     assert "3 x p5.48xlarge, 24 ranks" in notes
-    assert "batch.kubernetes.io/job-name=x-trainer,batch.kubernetes.io/job-completion-index=0" in notes
+    (job,) = by_kind(render({"nodes": 3}, release="x"), "Job")
+    job_label = (
+        f"batch.kubernetes.io/job-name={job['metadata']['name']},batch.kubernetes.io/job-completion-index=0"
+    )
+    assert job_label in notes
     assert "/fsx/runs/x-trainer" in notes
     assert "helm test x -n team-a" in notes

@@ -3,6 +3,7 @@ every string that passes reaches the manifest as exactly that string (never past
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -80,3 +81,128 @@ def test_image_digest_and_registry_port_render_exactly() -> None:
     image = {"repository": "registry.example.com:5000/ml/trainer", "tag": digest}
     container = trainer_container(render({"image": image}))
     assert container["image"] == f"registry.example.com:5000/ml/trainer@{digest}"
+
+
+# Values that helm used to accept and that could never run: each fails naming the value.
+CANNOT_RUN = [
+    ({"gpusPerNode": 9}, "gpusPerNode: 9 is more than p5.48xlarge has (8 GPUs)"),
+    ({"instanceType": "p4d.24xlarge", "efaPerNode": 5}, "efaPerNode: 5 is more than p4d.24xlarge has (4 EFA"),
+    (
+        {"instanceType": "p5en.48xlarge", "efaPerNode": 32},
+        "efaPerNode: 32 is more than p5en.48xlarge has (16",
+    ),
+    ({"metricsPort": 29400}, "metricsPort: 29400 is taken by the rendezvous store"),
+    ({"metricsPort": 29401}, "metricsPort: 29401 is taken"),
+    ({"metricsPort": 29402}, "metricsPort: 29402 is taken"),
+    (
+        {"rdzvPort": 7000, "metricsPort": 7002},
+        "metricsPort: 7002 is taken by the rendezvous store (rdzvPort 7000)",
+    ),
+    ({"rdzvPort": 65534}, "rdzvPort: 65534 leaves no room for the trainer's stores"),
+    ({"memoryLimit": "256Gi"}, "memoryLimit: 256Gi is below memoryRequest (512Gi)"),
+    ({"memoryRequest": "2G", "memoryLimit": "1900M"}, "memoryLimit: 1900M is below memoryRequest (2G)"),
+    ({"memoryRequest": "1Gi", "memoryLimit": "1073741823"}, "memoryLimit: 1073741823 is below memoryRequest"),
+    ({"memoryLimit": "600Gi", "shmSize": "700Gi"}, "shmSize: 700Gi is above memoryLimit (600Gi)"),
+    # Truncated to 40 characters, "smoke-" + 32 a's + "--b" ends in "-" even after one trimSuffix.
+    (
+        {"nameOverride": "a" * 32 + "--b"},
+        'the resource name "smoke-' + "a" * 32 + '-" is not a DNS-1035 label',
+    ),
+    ({"extraEnv": {"RDZV_ENDPOINT": "x:1"}}, "extraEnv.RDZV_ENDPOINT: the pod command depends on it"),
+    (
+        {"extraEnv": {"NCCL_DEBUG": "INFO"}},
+        "extraEnv.NCCL_DEBUG: the pod command depends on it (set it with ncclDebug)",
+    ),
+    (
+        {"extraEnv": {"MASTER_PORT": "1"}},
+        "extraEnv.MASTER_PORT: the pod command depends on it (set by ft_launcher",
+    ),
+    (
+        {"extraEnv": {"TORCHELASTIC_RUN_ID": "x"}},
+        "extraEnv.TORCHELASTIC_RUN_ID: the pod command depends on it",
+    ),
+    (
+        {"extraEnv": {"TRAINER_FAULTS": "sigkill:step=1"}},
+        "extraEnv.TRAINER_FAULTS: the pod command depends on it",
+    ),
+    (
+        {"storage": {**STORAGE, "mountPath": "/dev/shm"}},
+        "storage.mountPath (/dev/shm) collides with /dev/shm",
+    ),
+    (
+        {"storage": {**STORAGE, "mountPath": "/local-nvme/fsx"}},
+        "storage.mountPath (/local-nvme/fsx) collides with",
+    ),
+    (
+        {"storage": {**STORAGE, "mountPath": "/"}},
+        "storage.mountPath (/) collides with the NVMe tier (/local-nvme)",
+    ),
+    ({"faults": {"a": "exception:rank=1"}}, 'faults.a: "exception:rank=1" needs step=N'),
+    ({"faults": {"a": "sigkill:step=1000"}}, 'faults.a: "sigkill:step=1000" never fires: steps are 0 to 999'),
+    ({"faults": {"a": "hang:step=3:step=4"}}, 'faults.a: "hang:step=3:step=4" gives step twice'),
+    ({"faults": {"a": "sigkill:step=1:rank=16"}}, "names rank 16, but the run has 16 ranks"),
+    ({"faults": {"a": "node-loss:step=1:node=2"}}, "names node 2, but the run has 2 nodes"),
+    (
+        {"faults": {"a": "ckpt-crash:step=950"}, "ckptInterval": 300},
+        "never fires: no checkpoint is saved at or after step 950 (steps 1000, ckptInterval 300)",
+    ),
+    ({"seqLen": 8193}, "seqLen: 8193 is more than preset 8b supports (8192)"),
+    ({"preset": "tiny", "seqLen": 513}, "seqLen: 513 is more than preset tiny supports (512)"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), CANNOT_RUN)
+def test_values_that_cannot_run_fail_naming_the_value(values: dict[str, Any], message: str) -> None:
+    stderr = rejection(values)
+    assert message in stderr, stderr
+    assert stderr.count("\n") <= 3, stderr  # one message (helm adds a blank line and a --debug hint)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"memoryLimit": "512Gi"},
+        {"metricsPort": 29403},
+        {"faults": {"a": "ckpt-crash:step=999"}},
+        {"faults": {"a": "sigkill:step=999:rank=15:node=1"}},
+        {"preset": "tiny", "seqLen": 512},
+        {"storage": {**STORAGE, "mountPath": "/fsx/"}},
+    ],
+)
+def test_boundaries_that_can_run_render(values: dict[str, Any]) -> None:
+    render(values)
+
+
+def test_one_instance_table_for_chart_schema_and_infra() -> None:
+    """instance-types.json is the table infra loads; the schema's enum and the chart's limits follow it."""
+    from infra.instance_types import GPU_INSTANCE_TYPES
+    from tests.chart.helm import CHART
+
+    table = json.loads((CHART / "instance-types.json").read_text())["types"]
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["instanceType"]["enum"] == list(table) == list(GPU_INSTANCE_TYPES)
+    for name, facts in table.items():
+        spec = GPU_INSTANCE_TYPES[name]
+        assert (spec.gpus, spec.efa_interfaces) == (facts["gpus"], facts["efaInterfaces"])
+        container = trainer_container(render({"instanceType": name, "efaPerNode": None}))
+        assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == spec.efa_interfaces
+        too_many = rejection({"instanceType": name, "gpusPerNode": spec.gpus + 1})
+        assert f"gpusPerNode: {spec.gpus + 1} is more than {name} has ({spec.gpus} GPUs)" in too_many
+
+
+def test_preset_sequence_limits_mirror_the_trainer() -> None:
+    from trainer.model import PRESETS
+
+    for preset, cfg in PRESETS.items():
+        render({"preset": preset, "seqLen": cfg.max_seq_len})
+        assert f"more than preset {preset} supports" in rejection(
+            {"preset": preset, "seqLen": cfg.max_seq_len + 1}
+        )
+
+
+def test_release_name_that_makes_an_invalid_service_name_is_refused() -> None:
+    from tests.chart.helm import template_result
+
+    result = template_result(None, release="1run")
+    assert result.returncode != 0
+    assert 'release name: the resource name "1run-trainer" is not a DNS-1035 label' in result.stderr

@@ -272,7 +272,7 @@ def test_access_entries_for_every_admin(synth: SynthResult, cdk_templates: dict)
 @pytest.mark.parametrize("team", ALL_TEAMS)
 def test_kms_keys_rotate_and_are_retained(team: str, templates: dict) -> None:
     keys = resources(templates[team], "AWS::KMS::Key")
-    assert len(keys) == 2  # EKS secrets, FSx
+    assert len(keys) == 3  # EKS secrets, FSx, VPC flow logs
     for key in keys:
         assert key["Properties"]["EnableKeyRotation"] is True
         assert (key["DeletionPolicy"], key["UpdateReplacePolicy"]) == ("Retain", "Retain")

@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
-from tests.conftest import free_port
+from tests.trainer._ckpt import make_state, snapshot, train_step
 from trainer.checkpoint import (
     CheckpointConfig,
     CheckpointHooks,
@@ -23,59 +20,8 @@ from trainer.checkpoint import (
     CheckpointWriteError,
     layout,
 )
-from trainer.model import ModelConfig, build_model
 
-SMALL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
 MODES = ["sync", "torch-async", "nvrx"]
-
-
-class Counter:
-    """A minimal trainer Stateful: a step and this process's RNG state."""
-
-    def __init__(self) -> None:
-        self.step = -1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "rng": torch.get_rng_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        torch.set_rng_state(state["rng"])
-
-
-@pytest.fixture
-def one_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A 1-rank gloo default group in this process and a 1-device CPU mesh."""
-    # monkeypatch restores the environment: a leaked MASTER_ADDR would change later tests' subprocesses.
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
-
-
-def _objects(mesh: Any, seed: int = 0) -> dict[str, Any]:
-    model = build_model(SMALL, mesh=mesh, device=torch.device("cpu"), seed=seed)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    return {"model": model, "optim": optim, "trainer": Counter()}
-
-
-def _train_step(state: dict[str, Any], step: int) -> None:
-    tokens = torch.randint(0, SMALL.vocab_size, (2, 8), generator=torch.Generator().manual_seed(step))
-    state["model"](tokens).float().pow(2).mean().backward()
-    state["optim"].step()
-    state["optim"].zero_grad()
-    state["trainer"].step = step
-
-
-def _snapshot(state: dict[str, Any]) -> dict[str, torch.Tensor]:
-    out = {f"model.{k}": v.full_tensor().clone() for k, v in state["model"].state_dict().items()}
-    for i, st in state["optim"].state_dict()["state"].items():
-        for k, v in st.items():
-            out[f"optim.{i}.{k}"] = (v.full_tensor() if hasattr(v, "full_tensor") else v).clone()
-    return out
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -110,16 +56,16 @@ def test_bad_config_names_the_field(kwargs: dict[str, Any], field: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_round_trip_and_retention(tmp_path: Path, one_rank: Any, mode: str) -> None:
-    state = _objects(one_rank)
+    state = make_state(one_rank)
     mgr = _manager(tmp_path, mode)
     try:
         assert [s for s in range(6) if mgr.should_save(s)] == list(range(6))
         for step in range(4):
-            _train_step(state, step)
+            train_step(state, step)
             result = mgr.save(step, state)
             assert result.blocked_s > 0 and result.bytes > 0
             if step == 2:
-                expected = _snapshot(state)
+                expected = snapshot(state)
                 expected_rng = torch.get_rng_state()
             mgr.maybe_finalize()
         mgr.wait()
@@ -136,7 +82,7 @@ def test_round_trip_and_retention(tmp_path: Path, one_rank: Any, mode: str) -> N
 
     # Restore step 2 (the newest is removed) into fresh objects with a different init.
     layout.discard(root / "step_00000003")
-    fresh = _objects(one_rank, seed=1)
+    fresh = make_state(one_rank, seed=1)
     torch.manual_seed(123)
     mgr = _manager(tmp_path, mode)
     try:
@@ -147,13 +93,13 @@ def test_round_trip_and_retention(tmp_path: Path, one_rank: Any, mode: str) -> N
     assert restored.path == str(root / "step_00000002")
     assert fresh["trainer"].step == 2
     assert torch.equal(torch.get_rng_state(), expected_rng)
-    _assert_same(_snapshot(fresh), expected)
+    _assert_same(snapshot(fresh), expected)
 
 
 def test_nothing_to_restore(tmp_path: Path, one_rank: Any) -> None:
     mgr = _manager(tmp_path, "sync")
     try:
-        restored = mgr.load_latest(_objects(one_rank))
+        restored = mgr.load_latest(make_state(one_rank))
     finally:
         mgr.close()
     assert (restored.step, restored.path, restored.skipped) == (-1, None, [])
@@ -168,13 +114,13 @@ def _flip_bytes(path: Path) -> None:
 
 
 def test_damaged_checkpoints_are_skipped_with_reasons(tmp_path: Path, one_rank: Any) -> None:
-    state = _objects(one_rank)
+    state = make_state(one_rank)
     mgr = _manager(tmp_path, "sync", keep_latest=5)
     for step in range(4):
-        _train_step(state, step)
+        train_step(state, step)
         mgr.save(step, state)
         if step == 0:
-            expected = _snapshot(state)
+            expected = snapshot(state)
     mgr.close()
     root = tmp_path / "ckpt"
     shard = max((root / "step_00000003").glob("*.distcp"), key=lambda p: p.stat().st_size)
@@ -184,7 +130,7 @@ def test_damaged_checkpoints_are_skipped_with_reasons(tmp_path: Path, one_rank: 
     (root / "step_00000001" / layout.MANIFEST).unlink()
     (root / layout.temp_name(7)).mkdir()  # an interrupted save
 
-    fresh = _objects(one_rank, seed=1)
+    fresh = make_state(one_rank, seed=1)
     mgr = _manager(tmp_path, "sync")
     try:
         restored = mgr.load_latest(fresh)
@@ -197,7 +143,7 @@ def test_damaged_checkpoints_are_skipped_with_reasons(tmp_path: Path, one_rank: 
     assert "no manifest" in reasons["step_00000001"]
     assert "never committed" in reasons[layout.temp_name(7)]
     assert not (root / layout.temp_name(7)).exists()  # garbage removed
-    _assert_same(_snapshot(fresh), expected)
+    _assert_same(snapshot(fresh), expected)
 
 
 def test_before_commit_hook_sees_durable_shards_and_no_visible_checkpoint(
@@ -210,12 +156,12 @@ def test_before_commit_hook_sees_durable_shards_and_no_visible_checkpoint(
         tmp = root / layout.temp_name(step)
         seen.append((step, sorted(p.name for p in tmp.iterdir()), _committed(root)))
 
-    state = _objects(one_rank)
+    state = make_state(one_rank)
     cfg = CheckpointConfig(dir=root, interval_steps=1, keep_latest=3, mode="nvrx")
     mgr = CheckpointManager(cfg, rank=0, world_size=1, hooks=CheckpointHooks(before_commit=hook))
     try:
         for step in range(2):
-            _train_step(state, step)
+            train_step(state, step)
             mgr.save(step, state)
         mgr.wait()
     finally:
@@ -231,10 +177,10 @@ def test_failing_writer_raises_and_leaves_nothing_visible(
 ) -> None:
     from torch.distributed.checkpoint import FileSystemWriter
 
-    state = _objects(one_rank)
+    state = make_state(one_rank)
     mgr = _manager(tmp_path, mode)
     try:
-        _train_step(state, 0)
+        train_step(state, 0)
         mgr.save(0, state)
         mgr.wait()
 
@@ -242,14 +188,14 @@ def test_failing_writer_raises_and_leaves_nothing_visible(
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(FileSystemWriter, "write_data", disk_full)
-        _train_step(state, 1)
+        train_step(state, 1)
         with pytest.raises(CheckpointWriteError, match="No space left"):
             mgr.save(1, state)
             mgr.wait()
         monkeypatch.undo()
         assert _committed(tmp_path / "ckpt") == ["step_00000000"]
         assert not (tmp_path / "ckpt" / layout.temp_name(1)).exists()
-        _train_step(state, 2)  # the manager is usable again
+        train_step(state, 2)  # the manager is usable again
         mgr.save(2, state)
         mgr.wait()
     finally:
@@ -268,10 +214,10 @@ def test_hanging_writer_times_out(tmp_path: Path, one_rank: Any, monkeypatch: py
         return real_write(self, plan, planner)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", stuck)
-    state = _objects(one_rank)
+    state = make_state(one_rank)
     mgr = _manager(tmp_path, "torch-async", write_timeout_s=1.0)
     try:
-        _train_step(state, 0)
+        train_step(state, 0)
         mgr.save(0, state)
         t0 = time.monotonic()
         with pytest.raises(CheckpointWriteError, match=r"not finished after 1\.0 s"):
@@ -286,16 +232,16 @@ def test_hanging_writer_times_out(tmp_path: Path, one_rank: Any, monkeypatch: py
 def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: Any) -> None:
     from trainer.resilience import compat
 
-    state = _objects(one_rank)
+    state = make_state(one_rank)
     mgr = _manager(tmp_path, "nvrx", write_timeout_s=60.0)
     try:
-        _train_step(state, 0)
+        train_step(state, 0)
         mgr.save(0, state)
         mgr.wait()
         worker = compat.worker_process(mgr._backend._queue_in_use)
         worker.kill()  # e.g. the OOM killer; NVRx itself would now wait forever
         worker.join(10)
-        _train_step(state, 1)
+        train_step(state, 1)
         t0 = time.monotonic()
         with pytest.raises(CheckpointWriteError, match="worker died"):
             mgr.save(1, state)
@@ -307,7 +253,7 @@ def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: An
     # A new manager (as after an in-process restart) gets a fresh worker and saves again.
     mgr = _manager(tmp_path, "nvrx")
     try:
-        _train_step(state, 2)
+        train_step(state, 2)
         mgr.save(2, state)
         mgr.wait()
     finally:

@@ -13,17 +13,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from tests.trainer._ckpt import make_state, snapshot, train_step
 from tests.trainer._dist import run_ranks
-from tests.trainer.test_checkpoint import SMALL, Counter, _snapshot, _train_step, one_rank  # noqa: F401
 from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager, layout
-from trainer.model import build_model
 
 pytestmark = pytest.mark.slow
-
-
-def _state(mesh: Any, seed: int = 0) -> dict[str, Any]:
-    model = build_model(SMALL, mesh=mesh, device=torch.device("cpu"), seed=seed)
-    return {"model": model, "optim": torch.optim.AdamW(model.parameters(), lr=1e-2), "trainer": Counter()}
 
 
 def _train_and_save(rank: int, world_size: int, root: str, mode: str, crash_step: int) -> None:
@@ -34,14 +28,14 @@ def _train_and_save(rank: int, world_size: int, root: str, mode: str, crash_step
             os.kill(os.getpid(), signal.SIGKILL)  # the ckpt-crash fault: shards written, commit not done
 
     mesh = init_device_mesh("cpu", (world_size,))
-    state = _state(mesh)
+    state = make_state(mesh)
     cfg = CheckpointConfig(dir=Path(root), interval_steps=1, keep_latest=3, mode=mode)  # type: ignore[arg-type]
     mgr = CheckpointManager(cfg, rank=rank, world_size=world_size, hooks=CheckpointHooks(before_commit))
     for step in range(2):
-        _train_step(state, step)
+        train_step(state, step)
         mgr.save(step, state)
         mgr.wait()
-        reference = _snapshot(state)  # a collective: every rank takes part
+        reference = snapshot(state)  # a collective: every rank takes part
         if rank == 0:
             torch.save(reference, Path(root) / f"reference_{step}.pt")
     mgr.close()
@@ -49,7 +43,7 @@ def _train_and_save(rank: int, world_size: int, root: str, mode: str, crash_step
 
 
 def _restore_here(root: Path, mesh: Any) -> tuple[Any, dict[str, Any]]:
-    state = _state(mesh, seed=1)
+    state = make_state(mesh, seed=1)
     mgr = CheckpointManager(CheckpointConfig(dir=root, mode="sync"), rank=0, world_size=1)
     try:
         return mgr.load_latest(state), state
@@ -58,7 +52,7 @@ def _restore_here(root: Path, mesh: Any) -> tuple[Any, dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mode", ["nvrx"])
-def test_two_rank_checkpoint_loads_on_one_rank(tmp_path: Path, mode: str, one_rank: Any) -> None:  # noqa: F811
+def test_two_rank_checkpoint_loads_on_one_rank(tmp_path: Path, mode: str, one_rank: Any) -> None:
     root = tmp_path / "ckpt"
     run_ranks(_train_and_save, 2, str(root), mode, -1)
     manifest = layout.scan(root)[0][0].manifest
@@ -67,14 +61,14 @@ def test_two_rank_checkpoint_loads_on_one_rank(tmp_path: Path, mode: str, one_ra
     restored, state = _restore_here(root, one_rank)
     assert (restored.step, restored.skipped) == (1, [])
     expected = torch.load(root / "reference_1.pt")
-    got = _snapshot(state)
+    got = snapshot(state)
     assert got.keys() == expected.keys()
     for key in expected:
         assert torch.equal(got[key], expected[key]), key
     assert state["trainer"].step == 1
 
 
-def test_rank_killed_in_commit_leaves_previous_checkpoint(tmp_path: Path, one_rank: Any) -> None:  # noqa: F811
+def test_rank_killed_in_commit_leaves_previous_checkpoint(tmp_path: Path, one_rank: Any) -> None:
     root = tmp_path / "ckpt"
     with pytest.raises(Exception, match=r"SIGKILL|signal"):
         run_ranks(_train_and_save, 2, str(root), "nvrx", 1)
@@ -88,7 +82,7 @@ def test_rank_killed_in_commit_leaves_previous_checkpoint(tmp_path: Path, one_ra
         (leftover.name, True)
     ]
     expected = torch.load(root / "reference_0.pt")
-    got = _snapshot(state)
+    got = snapshot(state)
     for key in expected:
         assert torch.equal(got[key], expected[key]), key
     assert not leftover.exists()

@@ -10,20 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_inprocess import (
+from tests.trainer._jobs import (
     assert_completed,
     log_tail,
     of,
     read_events,
     run_job,
-    token_file,  # noqa: F401  (fixture)
     torchrun,
     trainer_args,
 )
 
 
 @pytest.mark.slow
-def test_crash_inside_a_save_keeps_the_previous_checkpoint(tmp_path: Path, token_file: Path) -> None:  # noqa: F811
+def test_crash_inside_a_save_keeps_the_previous_checkpoint(tmp_path: Path, token_file: Path) -> None:
     # Saves follow steps 2, 5, 8; the crash hits rank 0 in the save of step 5, after its shard is durable.
     out, log = tmp_path / "run", tmp_path / "job.log"
     argv = [
@@ -51,7 +50,7 @@ def test_crash_inside_a_save_keeps_the_previous_checkpoint(tmp_path: Path, token
 
 
 @pytest.mark.slow
-def test_corrupt_newest_checkpoint_is_skipped_with_a_reason(tmp_path: Path, token_file: Path) -> None:  # noqa: F811
+def test_corrupt_newest_checkpoint_is_skipped_with_a_reason(tmp_path: Path, token_file: Path) -> None:
     # At the start of step 7 rank 0 corrupts the newest checkpoint (step 5) and dies.
     out, log = tmp_path / "run", tmp_path / "job.log"
     argv = [

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_inprocess import (
+from tests.trainer._jobs import (
     assert_completed,
     ft_launcher,
     log_tail,
     of,
     read_events,
     run_job,
-    token_file,  # noqa: F401  (fixture)
     trainer_args,
 )
 
@@ -30,7 +29,7 @@ def _final_hash(out: Path) -> str:
 
 
 @pytest.mark.slow
-def test_faults_of_both_tiers_end_in_the_same_state_as_a_clean_run(tmp_path: Path, token_file: Path) -> None:  # noqa: F811
+def test_faults_of_both_tiers_end_in_the_same_state_as_a_clean_run(tmp_path: Path, token_file: Path) -> None:
     clean, clean_log = tmp_path / "clean", tmp_path / "clean.log"
     assert run_job([*ft_launcher(), *trainer_args(token_file, clean)], clean_log) == 0, log_tail(clean_log)
     assert_completed(clean, clean_log)

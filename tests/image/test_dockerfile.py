@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.helm import REPO_ROOT
+from tests.conftest import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"

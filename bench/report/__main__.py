@@ -1,0 +1,5 @@
+"""``python -m bench.report``: see bench.report.assemble."""
+
+from bench.report.assemble import main
+
+raise SystemExit(main())

@@ -1,0 +1,154 @@
+"""AWS naming and network rules the teams file is checked against, as pure functions.
+
+Each returns None when the value is acceptable, else the reason AWS (or the stacks) would refuse it, so
+a bad value stops synth in one line instead of failing a deploy minutes later.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+# Patterns are matched with fullmatch: `$` would accept a trailing newline (a YAML block scalar).
+TEAM_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+ACCOUNT = re.compile(r"\d{12}")
+REGION = re.compile(r"(?P<geo>[a-z]{2})(?P<kind>-gov|-iso[a-z]?)?-[a-z]+-\d")
+IAM_PRINCIPAL_ARN = re.compile(
+    r"arn:(?P<partition>aws|aws-cn|aws-us-gov):iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}"
+)
+# On-demand capacity reservations and capacity blocks share the `cr-` id space (8 or 17 hex digits).
+CAPACITY_ID = re.compile(r"cr-([0-9a-f]{8}|[0-9a-f]{17})")
+EC2_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
+S3_PATH = re.compile(r"s3://(?P<bucket>[^/]*)(?P<prefix>/\S*)?")
+_BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+# Names infra derives from the team name (node groups, the FSx PV); EKS and Kubernetes cap them at 63.
+# The longest suffix decides how long a team name may be: keep it in step with cluster.py,
+# gpu_nodegroup.py and storage.py (tests/infra synthesizes a team of the longest allowed name).
+DERIVED_NAME_SUFFIXES = ("-system", "-gpu", "-fsx")
+MAX_DERIVED_NAME = 63
+MAX_TEAM_NAME = MAX_DERIVED_NAME - max(map(len, DERIVED_NAME_SUFFIXES))
+
+# The regions' partitions this project synthesizes for; ISO partitions are not supported.
+_PARTITION_BY_REGION_KIND = {"cn": "aws-cn", "us-gov": "aws-us-gov"}
+
+_RFC1918 = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
+
+
+def partition_of(region: str) -> str:
+    """The ARN partition of a commercial, China or GovCloud region name."""
+    match = REGION.fullmatch(region)
+    if match and match["geo"] == "cn":
+        return _PARTITION_BY_REGION_KIND["cn"]
+    if match and match["geo"] == "us" and match["kind"] == "-gov":
+        return _PARTITION_BY_REGION_KIND["us-gov"]
+    return "aws"
+
+
+def region_problem(region: str) -> str | None:
+    match = REGION.fullmatch(region)
+    if not match:
+        return f"{region!r} is not an AWS region name (e.g. us-east-2)"
+    if match["kind"] and match["kind"].startswith("-iso"):
+        return f"{region} is an ISO (air-gapped) region; its partitions are not supported"
+    return None
+
+
+def team_name_problem(name: str) -> str | None:
+    if not TEAM_NAME.fullmatch(name):
+        return (
+            f"{name!r} is not a DNS-1123 label starting with a letter (lowercase letters, digits and '-', "
+            "ending with a letter or digit)"
+        )
+    if len(name) > MAX_TEAM_NAME:
+        longest = name + max(DERIVED_NAME_SUFFIXES, key=len)
+        return (
+            f"{len(name)} characters is too long: derived names such as the node group {longest!r} "
+            f"({len(longest)}) must stay within {MAX_DERIVED_NAME} (at most {MAX_TEAM_NAME} characters)"
+        )
+    return None
+
+
+def arn_problem(arn: str, region: str) -> str | None:
+    match = IAM_PRINCIPAL_ARN.fullmatch(arn)
+    if not match:
+        return f"{arn!r} is not an IAM role or user ARN (arn:<partition>:iam::<12 digits>:role/<name>)"
+    expected = partition_of(region)
+    if match["partition"] != expected:
+        return f"{arn!r} is in partition {match['partition']}, but region {region} is in {expected}"
+    return None
+
+
+def bucket_problem(bucket: str) -> str | None:
+    """S3 general purpose bucket naming rules."""
+    if not _BUCKET_CHARS.fullmatch(bucket):
+        return (
+            f"bucket {bucket!r} must be 3 to 63 lowercase letters, digits, '.' and '-', "
+            "starting and ending with a letter or digit"
+        )
+    if ".." in bucket:
+        return f"bucket {bucket!r} must not contain two adjacent periods"
+    try:
+        ipaddress.IPv4Address(bucket)
+        return f"bucket {bucket!r} must not be formatted as an IP address"
+    except ValueError:
+        pass
+    for prefix in ("xn--", "sthree-", "amzn-s3-demo-"):
+        if bucket.startswith(prefix):
+            return f"bucket {bucket!r} must not start with the reserved prefix {prefix!r}"
+    for suffix in ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3"):
+        if bucket.endswith(suffix):
+            return f"bucket {bucket!r} must not end with the reserved suffix {suffix!r}"
+    return None
+
+
+def s3_path_problem(path: str) -> str | None:
+    match = S3_PATH.fullmatch(path)
+    if not match:
+        return f"{path!r} is not an S3 path (s3://bucket[/prefix])"
+    return bucket_problem(match["bucket"])
+
+
+def vpc_cidr_problem(cidr: str) -> str | None:
+    try:
+        net = ipaddress.ip_network(cidr, strict=True)
+    except ValueError as exc:
+        return f"{cidr!r} is not a CIDR block ({exc})"
+    if net.version != 4 or net.prefixlen != 16:
+        return f"{cidr} must be a private IPv4 /16 (the subnet layout needs the space)"
+    if not any(net.subnet_of(space) for space in _RFC1918):
+        kind = next(
+            (
+                label
+                for label, flag in (
+                    ("loopback", net.is_loopback),
+                    ("link-local", net.is_link_local),
+                    ("multicast", net.is_multicast),
+                    ("reserved", net.is_reserved or net.is_unspecified),
+                    ("public", net.is_global),
+                )
+                if flag
+            ),
+            "not private",
+        )
+        return f"{cidr} is {kind}; use a private /16 of 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16"
+    return None
+
+
+def public_cidrs_problem(cidrs: list[str]) -> str | None:
+    """Refuse CIDRs that are not blocks, and any set whose union covers a whole address family."""
+    nets: dict[int, list[ipaddress.IPv4Network | ipaddress.IPv6Network]] = {4: [], 6: []}
+    for cidr in cidrs:
+        try:
+            net = ipaddress.ip_network(cidr, strict=True)
+        except ValueError:
+            return f"{cidr!r} is not a CIDR block"
+        nets[net.version].append(net)
+    for version, family in nets.items():
+        union = list(ipaddress.collapse_addresses(family))  # type: ignore[misc]
+        if any(net.prefixlen == 0 for net in union):
+            everything = "0.0.0.0/0" if version == 4 else "::/0"
+            written = ", ".join(cidrs)
+            union = "" if written == everything else f" (the union of {written} covers it)"
+            return f"{everything} would open the API server to the internet{union}"
+    return None

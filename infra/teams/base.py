@@ -1,0 +1,10 @@
+"""The base of every teams-file model: unknown keys refused, immutable, strict types."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StrictModel(BaseModel):
+    # strict: YAML `true` is not the integer 1, `2400.0` is not an integer, `"yes"` is not a boolean.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

@@ -1,0 +1,177 @@
+"""One team's environment and the whole teams file, with the checks that span several fields."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infra.teams.aws_rules import (
+    ACCOUNT,
+    arn_problem,
+    public_cidrs_problem,
+    region_problem,
+    team_name_problem,
+)
+from infra.teams.base import StrictModel
+from infra.teams.errors import FieldError
+from infra.teams.network import NetworkConfig
+from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
+from infra.teams.storage import FsxConfig
+
+KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
+
+
+class TeamConfig(StrictModel):
+    """One team's environment: one CloudFormation stack, one EKS cluster, one namespace."""
+
+    name: str
+    account: str
+    region: str
+    kubernetes_version: str = "1.35"
+    network: NetworkConfig
+    endpoint_access: Literal["private", "public_and_private"] = "private"
+    endpoint_public_cidrs: list[str] = []
+    """CIDRs allowed to reach the public endpoint; required (and only allowed) with public_and_private."""
+    admin_principal_arns: Annotated[list[str], Field(min_length=1)]
+    gpu_node_group: GpuNodeGroupConfig = GpuNodeGroupConfig()
+    system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
+    fsx: FsxConfig = FsxConfig()
+    gpu_quota: Annotated[int, Field(ge=1)] | None = None
+    """nvidia.com/gpu the team namespace may request; default: everything the GPU node group can hold."""
+    deploy_trainer: bool = True
+    """Install the trainer chart (k8s/) as a Helm release at deploy time."""
+    start_trainer: bool = False
+    """Start the trainer Job at deploy time. Off by default: the release is installed suspended, because a
+    fresh FSx file system has no training data yet and GPU hours should start when the team says so.
+    Set it to true (and `cdk deploy` again) to run; the Job resumes from its newest checkpoint."""
+
+    @field_validator("name")
+    @classmethod
+    def _dns_label(cls, value: str) -> str:
+        if problem := team_name_problem(value):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("account", mode="before")
+    @classmethod
+    def _account(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            raise ValueError("quote the account id (YAML reads it as a number and drops leading zeros)")
+        if isinstance(value, str) and not ACCOUNT.fullmatch(value):
+            raise ValueError(f"{value!r} is not a 12-digit AWS account id")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, value: str) -> str:
+        if problem := region_problem(value):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("kubernetes_version", mode="before")
+    @classmethod
+    def _k8s_version(cls, value: Any) -> Any:
+        if isinstance(value, float):
+            raise ValueError(f"quote the version (YAML reads {value} as a number; 1.30 would become 1.3)")
+        if value not in KUBERNETES_VERSIONS:
+            raise ValueError(
+                f"{value!r} is not supported (allowed: {', '.join(KUBERNETES_VERSIONS)}; "
+                "the kubectl layer is 1.35)"
+            )
+        return value
+
+    @field_validator("endpoint_public_cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        if problem := public_cidrs_problem(value):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("admin_principal_arns")
+    @classmethod
+    def _arns(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("duplicate principal ARNs")
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> TeamConfig:
+        self._check_region_consistency()
+        if self.endpoint_access == "public_and_private" and not self.endpoint_public_cidrs:
+            raise FieldError(
+                ("endpoint_public_cidrs",),
+                "a public endpoint must be restricted to CIDRs (0.0.0.0/0 is refused)",
+            )
+        if self.endpoint_access == "private" and self.endpoint_public_cidrs:
+            raise FieldError(
+                ("endpoint_public_cidrs",), "only valid with endpoint_access: public_and_private"
+            )
+        if self.start_trainer and not self.deploy_trainer:
+            raise FieldError(
+                ("start_trainer",), "true needs deploy_trainer: true (the trainer is not deployed)"
+            )
+        self._check_quota()
+        return self
+
+    def _check_region_consistency(self) -> None:
+        """AZs and ARNs must belong to the team's region and its partition."""
+        az = re.compile(re.escape(self.region) + "[a-z]")
+        for i, zone in enumerate(self.network.availability_zones):
+            if not az.fullmatch(zone):
+                raise FieldError(
+                    ("network", "availability_zones", i),
+                    f"{zone!r} is not an availability zone of {self.region} "
+                    "(the region name and one lowercase letter)",
+                )
+        for i, arn in enumerate(self.admin_principal_arns):
+            if problem := arn_problem(arn, self.region):
+                raise FieldError(("admin_principal_arns", i), problem)
+
+    def _check_quota(self) -> None:
+        gpus = self.gpu_node_group.gpus_per_node
+        ceiling = self.gpu_node_group.max_nodes * gpus
+        if self.gpu_quota is None:
+            return
+        if self.gpu_quota > ceiling:
+            raise FieldError(
+                ("gpu_quota",),
+                f"{self.gpu_quota} GPUs is above what the GPU node group can hold "
+                f"({self.gpu_node_group.max_nodes} x {gpus} = {ceiling})",
+            )
+        needed = self.gpu_node_group.desired_nodes * gpus
+        if self.deploy_trainer and self.gpu_quota < needed:
+            raise FieldError(
+                ("gpu_quota",),
+                f"{self.gpu_quota} GPUs is below what the trainer release requests "
+                f"({self.gpu_node_group.desired_nodes} x {gpus} = {needed})",
+            )
+
+    @property
+    def effective_gpu_quota(self) -> int:
+        """The namespace's nvidia.com/gpu quota: the configured one, else the node group's ceiling."""
+        if self.gpu_quota is not None:
+            return self.gpu_quota
+        return self.gpu_node_group.max_nodes * self.gpu_node_group.gpus_per_node
+
+    @property
+    def stack_name(self) -> str:
+        return self.name
+
+
+class TeamsFile(StrictModel):
+    """The whole teams file: `teams:` is a non-empty list; the first team is the default one."""
+
+    teams: Annotated[list[TeamConfig], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> TeamsFile:
+        seen: dict[str, int] = {}
+        for i, team in enumerate(self.teams):
+            if team.name in seen:
+                raise FieldError(
+                    ("teams", i, "name"), f"duplicate team name {team.name!r} (also teams[{seen[team.name]}])"
+                )
+            seen[team.name] = i
+        return self

@@ -1,0 +1,19 @@
+{{/*
+The workload's name (Job or JobSet): the full name plus a digest of everything in its spec except
+`suspend`. The API server refuses to change a Job's pod template, selector, completion mode, failure
+policy or per-index backoff in place (docs/infra.md, "Redeploys"), and `helm upgrade` patches an object
+that keeps its name. So a change of image or values gives the workload a new name: Helm creates the
+new one and deletes the old one (propagation Background: its pods get SIGTERM), and the run resumes
+from its last checkpoint (runName, and so its directories, stay the same). `suspend` is left out of the
+digest: flipping it starts or stops the same Job in place.
+
+While the digest is taken, `trainerDigesting` is set in the context so trainer.rdzvHost (which names
+pod 0 after this very name) renders a placeholder instead of recursing.
+*/}}
+{{- define "trainer.workloadName" -}}
+{{- $_ := set . "trainerDigesting" true }}
+{{- $failure := include "trainer.jobFailureSpec" . | regexReplaceAll "(?m)^suspend: .*$" "" }}
+{{- $spec := printf "%s\n%s\n%s" .Values.workload $failure (include "trainer.podTemplate" .) }}
+{{- $_ := unset . "trainerDigesting" }}
+{{- printf "%s-%s" (include "trainer.fullname" .) (sha256sum $spec | trunc 6) }}
+{{- end }}
