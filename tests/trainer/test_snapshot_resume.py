@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_inprocess import (
+from tests.trainer._jobs import (
     assert_completed,
     ft_launcher,
     log_tail,
@@ -23,16 +23,6 @@ from tests.trainer.test_inprocess import (
 )
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
-    from trainer.model import PRESETS
-
-    return write_synthetic_tokens(
-        tmp_path_factory.mktemp("data") / "tokens.npy", 100_000, PRESETS["tiny"].vocab_size, seed=3
-    )
-
-
 def _final_hash(out: Path) -> str:
     (end,) = of(read_events(out), "run_end", rank=0, status="completed")
     return str(end["state_sha256"])
@@ -40,17 +30,17 @@ def _final_hash(out: Path) -> str:
 
 @pytest.mark.slow
 def test_faults_restore_from_memory_and_shm_recompute_at_most_one_step_and_end_exact(
-    tmp_path: Path, tokens: Path
+    tmp_path: Path, token_file: Path
 ) -> None:
     clean, clean_log = tmp_path / "clean", tmp_path / "clean.log"
-    assert run_job([*ft_launcher(), *trainer_args(tokens, clean)], clean_log) == 0, log_tail(clean_log)
+    assert run_job([*ft_launcher(), *trainer_args(token_file, clean)], clean_log) == 0, log_tail(clean_log)
     assert_completed(clean, clean_log)
 
     shm = tmp_path / "shm"
     faulty, faulty_log = tmp_path / "faulty", tmp_path / "faulty.log"
     extra = ["--snapshot-interval=1", f"--snapshot-dir={shm}"]
     faults = ["--fault=exception:step=4:rank=1", "--fault=sigkill:step=7:rank=0"]
-    argv = [*ft_launcher(), *trainer_args(tokens, faulty, *extra, *faults)]
+    argv = [*ft_launcher(), *trainer_args(token_file, faulty, *extra, *faults)]
     assert run_job(argv, faulty_log) == 0, log_tail(faulty_log)
     summary = assert_completed(faulty, faulty_log)
     evs = read_events(faulty)
