@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -182,6 +183,9 @@ class PodSpec:
     argv: Sequence[str]
     env: Mapping[str, str]
     log_path: Path
+    fresh_dirs: tuple[Path, ...] = ()
+    """Emptied before each pod of this index starts: a pod's emptyDir volumes (its /dev/shm) do not
+    survive into its replacement."""
 
 
 @dataclass(frozen=True)
@@ -337,6 +341,9 @@ class LocalJob:
         attempt = self._attempt.get(index, -1) + 1
         self._attempt[index] = attempt
         self._disrupted.discard(index)
+        for directory in spec.fresh_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
         pod = LocalPod(spec.name, spec.argv, spec.env, spec.log_path)
         pod.start()
         self._pods[index] = pod
