@@ -194,7 +194,7 @@ class Progress:
                 say(f"  detected by tier {e['tier']}: {e.get('reason', '')}")
             elif kind == "restore" and e["rank"] == 0:
                 where = f"step {e['step']}" if e["step"] >= 0 else "scratch (no checkpoint yet)"
-                source = f" from {e['source']}" if e.get("source") else ""
+                source = f" ({e['source']})" if e.get("source") and e["step"] >= 0 else ""
                 say(f"  rank 0 resumed from {where}{source} (load {e['load_s']:.2f} s)")
             elif kind == "ckpt_skipped":
                 say(f"  checkpoint skipped: {e['path']}: {e['reason']}")
