@@ -1,6 +1,7 @@
 """Snapshots make a fault cost at most one step, and change nothing in the final state.
 
-Run A: no faults, no snapshots (the reference). Run B: snapshots every step, under ft_launcher with tier
+Run A: no faults, no snapshots (the reference). Run B: snapshots every step, NVRx async checkpoints (the
+chart's mode), under ft_launcher with tier
 1 on; an exception (recovered in-process from the process's own snapshot: `memory`) and later a SIGKILL
 (recovered by new worker processes from the snapshot the killed one left behind: `shm`). The final sha256
 of the full model + optimizer state must be equal, and each fault recomputes at most one step.
@@ -38,7 +39,8 @@ def test_faults_restore_from_memory_and_shm_recompute_at_most_one_step_and_end_e
 
     shm = tmp_path / "shm"
     faulty, faulty_log = tmp_path / "faulty", tmp_path / "faulty.log"
-    extra = ["--snapshot-interval=1", f"--snapshot-dir={shm}"]
+    # the checkpoint mode the chart ships (the clean run saves with sync: the writer must not matter)
+    extra = ["--snapshot-interval=1", f"--snapshot-dir={shm}", "--ckpt-mode=nvrx"]
     faults = ["--fault=exception:step=4:rank=1", "--fault=sigkill:step=7:rank=0"]
     argv = [*ft_launcher(), *trainer_args(token_file, faulty, *extra, *faults)]
     assert run_job(argv, faulty_log) == 0, log_tail(faulty_log)

@@ -200,3 +200,33 @@ def test_codec_keeps_tuples_and_non_string_keys() -> None:
 def _with(state: dict, key: object, value: object) -> tuple:
     skeleton, tensors = codec.flatten({**state, key: value})
     return skeleton, codec.plan(tensors)[0]
+
+
+def test_an_exception_cutting_a_resize_short_leaves_the_store_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The Wrapper raises RankShouldRestart asynchronously, anywhere in the main thread: one landing
+    # between closing a slot's old mapping and opening the resized one must not poison later restores.
+    from trainer.snapshot import store as store_module
+
+    a = make_state()
+    train(a, 1)
+    s = store(tmp_path)
+    for step in (8, 9):
+        a["trainer"].step = step
+        s.write(step, build_save_dict(a, 0))
+    a["trainer"].step = 10  # one more digit in the skeleton: slot 0 is resized
+    real = store_module._Mapping
+
+    def interrupted(path: Path, size: int | None) -> object:
+        if size is not None:
+            raise KeyboardInterrupt("asynchronous exception")
+        return real(path, size)
+
+    monkeypatch.setattr(store_module, "_Mapping", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        s.write(10, build_save_dict(a, 0))
+    monkeypatch.setattr(store_module, "_Mapping", real)
+    assert [o.header.step for o in s.offers()[0]] == [9, 8]
+    s.write(10, build_save_dict(a, 0))
+    assert [o.header.step for o in s.offers()[0]] == [10, 9]

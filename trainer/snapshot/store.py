@@ -294,19 +294,23 @@ class SnapshotStore:
 
     def close(self) -> None:
         self.wait()
-        for m in self._maps.values():
+        maps, self._maps = list(self._maps.values()), {}
+        for m in maps:
             m.close()
-        self._maps.clear()
 
     def _mapping(self, slot: int, size: int | None) -> _Mapping | None:
         """The slot's mapping; with `size`, created or resized to exactly that size."""
         m = self._maps.get(slot)
+        if m is not None and m.closed:  # an asynchronous exception (the Wrapper's) cut a resize short
+            del self._maps[slot]
+            m = None
         if size is None:
             if m is None and self.path(slot).exists() and self.path(slot).stat().st_size > 0:
                 m = self._maps[slot] = _Mapping(self.path(slot), None)
             return m
         if m is None or m.size != size:
             if m is not None:
+                del self._maps[slot]  # never leave a closed mapping reachable
                 m.close()
             m = self._maps[slot] = _Mapping(self.path(slot), size)
             m.pin(self._pinned)
@@ -328,6 +332,7 @@ class _Mapping:
         self.buf = memoryview(self.mm)
         self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
         self._registered = False
+        self.closed = False
 
     def view(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return self.bytes[offset : offset + nbytes].view(dtype).view(shape)
@@ -340,6 +345,9 @@ class _Mapping:
                 log.warning("cudaHostRegister of a snapshot slot failed (%s): copies stay synchronous", rc)
 
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if self._registered:
             torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
             self._registered = False
