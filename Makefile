@@ -33,6 +33,8 @@ $(HELM): $(VENV)/.installed tools/install_helm.py
 setup: $(VENV)/.installed node_modules/.installed $(HELM) ## Install Python deps, the CDK CLI and helm (idempotent)
 
 synth: setup ## Synthesize one CloudFormation template per team of $(TEAMS) into cdk.out/
+	@# Validate first: a bad teams file ends here with exit 2 and its one-line error, not the CDK CLI's own line.
+	@$(PY) -m infra.teams $(TEAMS) > /dev/null
 	$(CDK) synth --quiet -c teams_file=$(TEAMS) > /dev/null
 	@ls cdk.out/*.template.json
 

@@ -12,6 +12,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import IConstruct
 
 from infra.team_stack import TeamStack
+from infra.teams.aws_rules import partition_of
 
 _PREFIX = "AwsSolutions::AwsSolutions-"
 
@@ -45,7 +46,7 @@ def _ack(scope: IConstruct, findings: list[str], reason: str) -> None:
         Validations.of(scope).acknowledge(Acknowledgment(id=f"{_PREFIX}{finding}", reason=reason))
 
 
-def _kubectl_findings(stack: Stack, provider: IConstruct) -> list[str]:
+def _kubectl_findings(stack: Stack, provider: IConstruct, partition: str) -> list[str]:
     handler = provider.node.find_child("Handler").node.default_child
     assert isinstance(handler, lambda_.CfnFunction)
     handler_id = stack.resolve(stack.get_logical_id(handler))
@@ -61,9 +62,10 @@ def _kubectl_findings(stack: Stack, provider: IConstruct) -> list[str]:
         "IAM5[Action::s3:GetBucket*]",
         "IAM5[Action::s3:GetObject*]",
         "IAM5[Action::s3:List*]",
-        # The bucket ARN reads arn:aws:... or arn:<AWS::Partition>:... depending on the
-        # @aws-cdk/core:enablePartitionLiterals flag; apps built without cdk.json's context get the latter.
-        f"IAM5[Resource::arn:aws:s3:::{bucket}/*]",
+        # The bucket ARN reads arn:<the region's partition>:... (aws, aws-cn, aws-us-gov) or
+        # arn:<AWS::Partition>:... depending on the @aws-cdk/core:enablePartitionLiterals flag; apps built
+        # without cdk.json's context get the latter.
+        f"IAM5[Resource::arn:{partition}:s3:::{bucket}/*]",
         f"IAM5[Resource::arn:<AWS::Partition>:s3:::{bucket}/*]",
         f"IAM5[Resource::<{handler_id}.Arn>:*]",
     ]
@@ -85,4 +87,4 @@ def acknowledge_findings(stack: TeamStack) -> None:
         _ack(nodegroup.role, [_managed(p) for p in _NODE_ROLE_POLICIES], _NODE_ROLE_REASON)
     provider = cluster.node.try_find_child("KubectlProvider")
     if provider is not None:
-        _ack(provider, _kubectl_findings(stack, provider), _KUBECTL_REASON)
+        _ack(provider, _kubectl_findings(stack, provider, partition_of(stack.team.region)), _KUBECTL_REASON)

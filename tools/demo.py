@@ -134,11 +134,14 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
         "CHECKPOINT_DIR": str(fsx / "checkpoints"),
         "LOCAL_CHECKPOINT_DIR": str(out / f"nvme-node{index}" / "checkpoints"),
         "OUT_DIR": str(fsx / "runs"),
+        # The pod's /tmp scratch volume (the root filesystem is read-only): one folder per local pod.
+        "HOME": str(out / f"scratch-node{index}"),
         # The pod's memory-backed /dev/shm: one per pod, and empty in a replacement pod (see run_pods).
         "SNAPSHOT_DIR": str(out / f"shm-pod{index}" / "trainer-snapshots"),
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job
+    Path(local["HOME"]).mkdir(parents=True, exist_ok=True)  # as the kubelet creates the emptyDir
     return env
 
 

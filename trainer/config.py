@@ -15,39 +15,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer.faults import FaultSpec, parse_fault
+from trainer.checkpoint import config as ckpt_config
+from trainer.checkpoint.config import CheckpointConfig
+from trainer.errors import UnrecoverableError, error_line
+from trainer.faults import FAULT_KINDS, FaultSpec, parse_fault
+from trainer.flags import FlagParser
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DIR
 from trainer.snapshot.config import SnapshotConfig
 
 Device = Literal["auto", "cpu", "cuda"]
-CkptMode = Literal["nvrx", "torch-async", "sync"]
 
 
-class ConfigError(ValueError):
-    """An invalid configuration value; str() is `config error: <field>: why`."""
+class ConfigError(UnrecoverableError, ValueError):
+    """An invalid configuration value; str() is `config error: <field>: why`, always one line.
+
+    An UnrecoverableError, so one raised after start-up is never retried either (trainer/errors.py).
+    """
 
     def __init__(self, field_name: str, why: str) -> None:
-        super().__init__(f"config error: {field_name}: {why}")
-        self.field = field_name
-        self.why = why
-
-
-@dataclass(frozen=True)
-class CheckpointSettings:
-    """Checkpoint options as given on the command line (turned into the manager's CheckpointConfig)."""
-
-    dir: Path
-    """Shared checkpoint directory (FSx on the cluster)."""
-    local_dir: Path | None = None
-    """Optional node-local tier in front of `dir` (NVMe on the cluster)."""
-    interval_steps: int = 10
-    """Save every this many global steps."""
-    keep_latest: int = 3
-    """Committed checkpoints kept; older ones are deleted after a commit."""
-    mode: CkptMode = "nvrx"
-    """nvrx (NVRx async worker), torch-async (dcp.async_save) or sync (dcp.save)."""
+        super().__init__(field_name, why)
+        self.args = (error_line(self),)
 
 
 @dataclass(frozen=True)
@@ -58,7 +47,8 @@ class TrainConfig:
     """Token file (.npy) written by `python -m trainer.data`."""
     out_dir: Path
     """Events, summary.json and fault markers of this run."""
-    ckpt: CheckpointSettings
+    ckpt: CheckpointConfig
+    """Checkpoint options (trainer/checkpoint/config.py: one definition, validated on construction)."""
     preset: str = "tiny"
     """Model size: one of trainer.model.PRESETS."""
     seq_len: int = 128
@@ -78,6 +68,9 @@ class TrainConfig:
     metrics_port: int = 0
     """Prometheus port on rank 0; 0 disables the exporter."""
     device: Device = "auto"
+    max_repeated_faults: int = 3
+    """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
+    this many times in a row: a deterministic bug, not a transient fault."""
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     """In-memory snapshots (trainer/snapshot/): the restore point of tier 1 and tier 2."""
 
@@ -92,13 +85,13 @@ class TrainConfig:
         """Raise ConfigError naming the first bad field. Touches no process group."""
         if self.preset not in PRESETS:
             raise ConfigError("preset", f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        if not self.data_path.is_file():
+        if not _is_file(self.data_path):
             raise ConfigError(
                 "data_path", f"{self.data_path} is not a file (write one with python -m trainer.data)"
             )
         if not 1 <= self.seq_len <= self.model.max_seq_len:
             raise ConfigError("seq_len", f"must be in [1, {self.model.max_seq_len}] for preset {self.preset}")
-        for name in ("micro_batch_size", "steps"):
+        for name in ("micro_batch_size", "steps", "max_repeated_faults"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -114,7 +107,9 @@ class TrainConfig:
 
             if not torch.cuda.is_available():
                 raise ConfigError("device", "cuda requested but torch sees no GPU")
-        self._validate_ckpt()
+        for name, value in asdict(self.timeouts).items():  # inf would pass the nesting as the outermost
+            if not math.isfinite(value):
+                raise ConfigError(name, f"must be a finite number of seconds, got {value}")
         if self.snapshot.interval_steps < 0:
             raise ConfigError(
                 "snapshot_interval", f"must be >= 0 (0 = off), got {self.snapshot.interval_steps}"
@@ -129,36 +124,23 @@ class TrainConfig:
         except TimeoutNestingError as exc:
             raise ConfigError(exc.field, exc.message) from None
         for spec in self.faults:
-            if spec.step >= self.steps and spec.kind != "ckpt-crash":
+            if spec.step >= self.steps:  # ckpt faults too: the last step always saves (policy.is_due)
                 raise ConfigError(
                     "fault", f"{spec} fires at step {spec.step}, the run ends before it ({self.steps})"
                 )
-            if spec.kind == "ckpt-crash" and not self._saves_at_or_after(spec.step):
-                raise ConfigError("fault", f"{spec}: no checkpoint is saved at or after step {spec.step}")
-
-    def _validate_ckpt(self) -> None:
-        c = self.ckpt
-        if c.interval_steps < 1:
-            raise ConfigError("ckpt_interval", f"must be >= 1, got {c.interval_steps}")
-        if c.keep_latest < 1:
-            raise ConfigError("ckpt_keep", f"must be >= 1, got {c.keep_latest}")
-        if c.mode not in ("nvrx", "torch-async", "sync"):
-            raise ConfigError("ckpt_mode", f"must be nvrx, torch-async or sync, got {c.mode!r}")
-        if c.local_dir is not None and c.local_dir.resolve() == c.dir.resolve():
-            raise ConfigError("ckpt_local_dir", "must differ from ckpt_dir")
-
-    def _saves_at_or_after(self, step: int) -> bool:
-        # A save happens after step s completes when (s + 1) % interval == 0 (see train.py).
-        interval = self.ckpt.interval_steps
-        first = max(step, interval - 1)
-        first += (-(first + 1)) % interval
-        return first < self.steps
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly view for the `run_start` event."""
         out = asdict(self)
         out["faults"] = [str(f) for f in self.faults]
         return _jsonable(out)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name longer than the file system allows
+        return False
 
 
 def _jsonable(value: Any) -> Any:
@@ -174,7 +156,7 @@ def _jsonable(value: Any) -> Any:
 def make_parser() -> argparse.ArgumentParser:
     """The CLI. Option names are fixed: the Helm chart renders them."""
     d = Timeouts()
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="python -m trainer",
         description="FSDP2 LLM trainer with NVRx in-process (tier 1) and ft_launcher (tier 2) recovery.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -188,13 +170,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=100, help="global steps of the whole run")
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=1234, help="seed of model init and data order")
-    p.add_argument(
-        "--ckpt-dir", type=Path, default=None, help="shared checkpoint dir (default: OUT_DIR/ckpt)"
-    )
-    p.add_argument("--ckpt-local-dir", type=Path, default=None, help="node-local checkpoint tier (optional)")
-    p.add_argument("--ckpt-interval", type=int, default=10, help="save every N steps")
-    p.add_argument("--ckpt-keep", type=int, default=3, help="committed checkpoints to keep")
-    p.add_argument("--ckpt-mode", choices=["nvrx", "torch-async", "sync"], default="nvrx", help="save path")
+    ckpt_config.add_arguments(p)
     p.add_argument(
         "--snapshot-interval",
         type=int,
@@ -228,10 +204,16 @@ def make_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="KIND:step=N[:rank=R|random][:node=K], repeatable; also env TRAINER_FAULTS (';'-separated). "
-        "KIND: exception, sigkill, hang, stop, node-loss, ckpt-crash, ckpt-corrupt",
+        "KIND: " + ", ".join(FAULT_KINDS),
     )
     p.add_argument("--fault-seed", type=int, default=0, help="seed for rank=random")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port on rank 0 (0 = off)")
+    p.add_argument(
+        "--max-repeated-faults",
+        type=int,
+        default=3,
+        help="tier 1 gives up when the same exception hits the same step this many times in a row",
+    )
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available"
     )
@@ -248,23 +230,22 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
     """Parse argv (and TRAINER_FAULTS from env) into a validated TrainConfig; raise ConfigError."""
     args = make_parser().parse_args(argv)
     env = dict(os.environ) if env is None else env
-    texts = list(args.fault) + [t for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
+    texts = list(args.fault) + [t.strip() for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
     faults = []
     for text in texts:
         try:
             faults.append(parse_fault(text))
         except ValueError as exc:
             raise ConfigError("fault", str(exc)) from None
+    try:
+        ckpt = ckpt_config.from_args(args, default_dir=args.out_dir / "ckpt")
+    except ValueError as exc:
+        name, _, why = str(exc).partition(": ")
+        raise ConfigError(ckpt_config.cli_field(name), why) from None
     return TrainConfig(
         data_path=args.data_path,
         out_dir=args.out_dir,
-        ckpt=CheckpointSettings(
-            dir=args.ckpt_dir if args.ckpt_dir is not None else args.out_dir / "ckpt",
-            local_dir=args.ckpt_local_dir,
-            interval_steps=args.ckpt_interval,
-            keep_latest=args.ckpt_keep,
-            mode=args.ckpt_mode,
-        ),
+        ckpt=ckpt,
         preset=args.preset,
         seq_len=args.seq_len,
         micro_batch_size=args.micro_batch_size,
@@ -283,5 +264,6 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         fault_seed=args.fault_seed,
         metrics_port=args.metrics_port,
         device=args.device,
+        max_repeated_faults=args.max_repeated_faults,
         snapshot=SnapshotConfig(interval_steps=args.snapshot_interval, dir=args.snapshot_dir),
     )

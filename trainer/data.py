@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.data_check import write_meta
+
 _CHUNK = 1 << 22  # tokens generated per chunk when writing, to bound memory for large files
 
 
@@ -41,11 +43,15 @@ def write_synthetic_tokens(path: str | Path, num_tokens: int, vocab_size: int, s
     rng = np.random.default_rng(seed)
     tmp = path.with_name(path.name + ".tmp.npy")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(num_tokens,))
+    max_token = 0
     for lo in range(0, num_tokens, _CHUNK):
         n = min(_CHUNK, num_tokens - lo)
-        out[lo : lo + n] = _progressions(rng, n, vocab_size).astype(dtype)
+        out[lo : lo + n] = chunk = _progressions(rng, n, vocab_size).astype(dtype)
+        max_token = max(max_token, int(chunk.max()))
     out.flush()
     del out
+    # The recorded maximum lets start-up checks compare ids with the vocabulary without a full scan.
+    write_meta(path, num_tokens=num_tokens, dtype=np.dtype(dtype), max_token=max_token, vocab=vocab_size)
     tmp.replace(path)  # readers never see a half-written file
     return path
 

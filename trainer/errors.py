@@ -30,3 +30,13 @@ class UnrecoverableError(RuntimeError):
         super().__init__(f"{field}: {why}")
         self.field = field
         self.why = why
+
+
+def error_line(exc: UnrecoverableError) -> str:
+    """The one line the user sees: ``config error: <field>: <why>``.
+
+    Control characters (a newline in a flag value, a path, a file's first bytes) are escaped, so the
+    message stays one line whatever the input held.
+    """
+    text = f"config error: {exc.field}: {exc.why}"
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -14,6 +14,10 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
     ckpt-crash    rank R is killed inside the first checkpoint save of step >= N, after its shard is
                   durable and before the commit (through CheckpointHooks.before_commit)
     ckpt-corrupt  at the start of step N rank R corrupts the newest committed checkpoint, then is killed
+    ckpt-write-error  rank R's write of the first checkpoint save of step >= N fails (as a full disk or
+                  a storage error would: through CheckpointHooks.after_write); training goes on
+    repeat-exception  rank R raises InjectedFault at the start of step N on every attempt, like a
+                  deterministic bug (no marker): what the repeated-fault bound (--max-repeated-faults) stops
 """
 
 from __future__ import annotations
@@ -22,18 +26,26 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast, get_args
 
-FaultKind = Literal["exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt"]
+FaultKind = Literal[
+    "exception", "sigkill", "hang", "stop", "node-loss", "ckpt-crash", "ckpt-corrupt", "ckpt-write-error",
+    "repeat-exception",
+]
+IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 RANDOM = -1  # rank=random before it is resolved
 
 
 class InjectedFault(RuntimeError):
     """The exception raised by an `exception` fault (tier 1 recovers from it)."""
+
+
+class InjectedWriteError(OSError):
+    """The write failure of a `ckpt-write-error` fault (the save fails; training goes on)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +68,11 @@ class FaultSpec:
 
 def parse_fault(text: str) -> FaultSpec:
     """Parse `KIND:step=N[:rank=R|random][:node=K]`; raise ValueError saying what is wrong."""
-    parts = [p.strip() for p in text.strip().split(":")]
+    if any(ch.isspace() or not ch.isprintable() for ch in text):  # a YAML block scalar's trailing newline
+        raise ValueError(
+            f"{text!r} holds whitespace or control characters; write KIND:step=N[:rank=R][:node=K]"
+        )
+    parts = text.split(":")
     kind = parts[0]
     if kind not in FAULT_KINDS:
         raise ValueError(f"unknown kind {kind!r} in {text!r}; choose one of {', '.join(FAULT_KINDS)}")
@@ -72,10 +88,10 @@ def parse_fault(text: str) -> FaultSpec:
         raise ValueError(f"{text!r} needs step=N")
 
     def as_int(name: str, low: int) -> int:
-        try:
-            value = int(fields[name])
-        except ValueError:
-            raise ValueError(f"{name} must be an integer in {text!r}, got {fields[name]!r}") from None
+        raw = fields[name].lstrip("-")
+        if not (raw.isascii() and raw.isdigit()):  # int() would also take fullwidth digits, "1_0" and " 3"
+            raise ValueError(f"{name} must be an integer in {text!r}, got {fields[name]!r}")
+        value = int(fields[name])
         if value < low:
             raise ValueError(f"{name} must be >= {low} in {text!r}, got {value}")
         return value
@@ -83,14 +99,6 @@ def parse_fault(text: str) -> FaultSpec:
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
     return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node)
-
-
-def parse_faults(cli: Iterable[str], env_value: str | None) -> list[FaultSpec]:
-    """All faults from the CLI and the TRAINER_FAULTS value (';'-separated), in that order."""
-    texts = list(cli)
-    if env_value:
-        texts += [t for t in env_value.split(";") if t.strip()]
-    return [parse_fault(t) for t in texts]
 
 
 def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> list[FaultSpec]:
@@ -146,7 +154,10 @@ class FaultInjector:
     def at_step(self, step: int, *, corrupt_newest: Callable[[], object] | None = None) -> None:
         """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one)."""
         for spec in self.specs:
-            if spec.kind == "ckpt-crash" or spec.step != step or not self._claim(spec):
+            if spec.kind == "repeat-exception" and spec.step == step:
+                self.emit(spec.kind, step)
+                raise InjectedFault(f"injected {spec} (every attempt)")
+            if spec.kind in IN_SAVE_KINDS or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
             if spec.kind == "exception":
@@ -170,6 +181,13 @@ class FaultInjector:
             if spec.kind == "ckpt-crash" and step >= spec.step and self._claim(spec):
                 self.emit(spec.kind, step)
                 _kill_self(signal.SIGKILL)
+
+    def in_write(self, step: int) -> None:
+        """CheckpointHooks.after_write: fail this rank's write of the first save at or after the step."""
+        for spec in self.specs:
+            if spec.kind == "ckpt-write-error" and step >= spec.step and self._claim(spec):
+                self.emit(spec.kind, step)
+                raise InjectedWriteError(28, f"injected {spec}: no space left on device")
 
 
 def _kill_self(sig: signal.Signals) -> None:

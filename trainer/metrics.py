@@ -31,6 +31,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "ckpt_skipped": ("path", "reason"),
     "ckpt_save": ("step", "blocked_s", "mode", "bytes"),
     "ckpt_commit": ("step", "path", "total_s"),
+    "ckpt_failed": ("step", "reason"),
     "run_end": ("step", "status"),
 }
 COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
@@ -254,6 +255,7 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
         entry["ranks"] += 1
     per_save = sorted(saves.values(), key=lambda s: (s["step"], s["ranks"]))
     commits = [e for e in by_ev.get("ckpt_commit", []) if int(e["rank"]) == 0]
+    failed = [e for e in by_ev.get("ckpt_failed", []) if int(e["rank"]) == 0]
 
     restores = [e for e in by_ev.get("restore", []) if int(e["rank"]) == 0] or by_ev.get("restore", [])
     faults = _merge_reports(by_ev.get("fault_injected", []), steps)
@@ -281,6 +283,8 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
             "commits": len(commits),
             "commit_total_s": _stats(float(c["total_s"]) for c in commits),
             "skipped": [{"path": e["path"], "reason": e["reason"]} for e in by_ev.get("ckpt_skipped", [])],
+            "failed": len(failed),
+            "failures": [{"step": e["step"], "reason": e["reason"]} for e in failed],
         },
         "snapshot": _snapshot_stats(by_ev.get("snapshot", [])),
         "restores": [

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,16 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.config import TrainConfig
 from trainer.data import BatchCursor, TokenDataset
+from trainer.data_check import check_batch_tokens
+from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.faults import FaultInjector, resolve_ranks
-from trainer.metrics import EventLog, PrometheusExporter, write_summary
+from trainer.metrics import EventLog, write_summary
 from trainer.model import build_model
+from trainer.preflight import open_exporter
 from trainer.resilience.timeouts import trainer_ports
 from trainer.snapshot.config import run_fingerprint
 from trainer.snapshot.manager import Snapshots
+from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +122,7 @@ class Session:
         """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore."""
         from datetime import timedelta
 
-        from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager
+        from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
@@ -141,20 +145,15 @@ class Session:
             cfg.seed,
         )
         self.trainer = TrainerState(cursor)
-        self.ckpt = CheckpointManager(
-            CheckpointConfig(
-                dir=cfg.ckpt.dir,
-                local_dir=cfg.ckpt.local_dir,
-                interval_steps=cfg.ckpt.interval_steps,
-                keep_latest=cfg.ckpt.keep_latest,
-                mode=cfg.ckpt.mode,
-                collective_timeout_s=cfg.timeouts.collective_timeout,
-            ),
+        ckpt_cfg = replace(cfg.ckpt, collective_timeout_s=cfg.timeouts.collective_timeout)
+        manager = CheckpointManager(
+            ckpt_cfg,
             rank=proc.rank,
             world_size=proc.world_size,
-            hooks=CheckpointHooks(before_commit=faults.in_checkpoint),
+            hooks=CheckpointHooks(before_commit=faults.in_checkpoint, after_write=faults.in_write),
             events=events,
         )
+        self.ckpt = CheckpointLoop(manager, ckpt_cfg, events, rank=proc.rank, last_step=cfg.steps - 1)
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model, "optim": self.optim, "trainer": self.trainer}
@@ -192,18 +191,9 @@ def _train_steps(
 ) -> int:
     """Restore, then run the remaining steps; returns the last step done. Reads everything via `s`."""
     assert s.trainer is not None and s.model is not None and s.optim is not None
-    device = next(s.model.parameters()).device
-    snapshots.check_budget(s.model)
-    restored = snapshots.restore(s.ckpt, s.state(), device)
-    for skipped in getattr(restored, "skipped", []) or []:
-        if proc.rank == 0:
-            path, reason = skipped if isinstance(skipped, tuple) else (skipped.path, skipped.reason)
-            events.emit("ckpt_skipped", path=str(path), reason=str(reason))
-    events.emit(
-        "restore", step=restored.step, path=restored.path, load_s=restored.load_s, source=restored.source
-    )
-    if restored.step >= 0 and s.trainer.step != restored.step:
-        raise RuntimeError(f"checkpoint of step {restored.step} holds trainer step {s.trainer.step}")
+    restored = snapshots.restore(s.ckpt, s.state(), next(s.model.parameters()).device, events)
+    if restored >= 0 and s.trainer.step != restored:
+        raise RuntimeError(f"checkpoint of step {restored} holds trainer step {s.trainer.step}")
     heartbeat.start()
 
     tokens = cfg.micro_batch_size * cfg.seq_len * proc.world_size
@@ -212,6 +202,7 @@ def _train_steps(
         faults.at_step(step, corrupt_newest=lambda: _corrupt_newest(s))
         t_start = time.time()
         inputs, targets = s.trainer.cursor.next_batch()
+        check_batch_tokens(inputs, targets, cfg.model.vocab_size, step=step, path=cfg.data_path)
         device = loss_buf.device
         logits = s.model(inputs.to(device))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten())
@@ -237,13 +228,8 @@ def _train_steps(
         heartbeat.beat()
         if call_wrapper is not None:
             call_wrapper.ping()
-        if s.ckpt.should_save(step):
-            result = s.ckpt.save(step, s.state())
-            events.emit(
-                "ckpt_save", step=step, blocked_s=result.blocked_s, mode=cfg.ckpt.mode, bytes=result.bytes
-            )
-        s.ckpt.maybe_finalize(blocking=False)
-    s.ckpt.wait()
+        s.ckpt.after_step(step, s.state())
+    s.ckpt.finish(s.state())  # run_end follows only once the last step is committed
     return s.trainer.step
 
 
@@ -304,7 +290,7 @@ class Trainer:
         self.proc = ProcessInfo.from_env()
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
-        exporter = PrometheusExporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
+        exporter = open_exporter(cfg.metrics_port) if cfg.metrics_port and self.proc.rank == 0 else None
         self.events = EventLog(cfg.out_dir, self.proc.rank, exporter=exporter)
         specs = resolve_ranks(cfg.faults, self.proc.world_size, cfg.fault_seed)
         self.faults = FaultInjector(
@@ -322,6 +308,7 @@ class Trainer:
         )
         self.store: dist.Store | None = None
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
+        self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
         self.last_step = -1
 
     def base_store(self) -> dist.Store:
@@ -391,6 +378,7 @@ class Trainer:
             # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
             # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
             self.caught = (time.time(), _reason(exc))
+            self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.
             _drop_frames(exc)
@@ -450,6 +438,23 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
 
 
+def _refused_resume(exc: BaseException) -> BaseException | None:
+    """The NoLoadableCheckpoint behind `exc` (the in-process Wrapper may wrap it), if any."""
+    from trainer.checkpoint.errors import NoLoadableCheckpoint
+
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, NoLoadableCheckpoint):
+            return e
+        pending += [e.__cause__, e.__context__]
+    return None
+
+
 def _standalone_env() -> None:
     """Without a launcher, run as rank 0 of 1 on free local ports (the Wrapper reads RANK/WORLD_SIZE)."""
     if "RANK" in os.environ:
@@ -462,6 +467,32 @@ def _standalone_env() -> None:
     os.environ.update(
         RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
+
+
+def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | None:
+    """The exit status, after one printed line, for a failure no restart can fix: EXIT_NO_RESTART for
+    an unrecoverable error of this rank (or one a peer recorded), 1 when tier 1 gave up on a repeating
+    fault (ft_launcher's turn). None for anything else: it is re-raised for the launcher to retry."""
+    from trainer.verdict import record_unrecoverable, recorded_line
+
+    gave_up = False
+    if cfg.inprocess:
+        from trainer.resilience.inprocess import GiveUp
+
+        gave_up = isinstance(exc, GiveUp)
+    cause = exc.__cause__ if gave_up else exc
+    if isinstance(cause, UnrecoverableError):
+        record_unrecoverable(sys.argv[1:], cause, trainer.proc.rank, os.environ)
+        print(error_line(cause), file=sys.stderr, flush=True)
+        return EXIT_NO_RESTART
+    if gave_up:
+        print(str(exc), file=sys.stderr, flush=True)
+        return 1
+    line = recorded_line(sys.argv[1:], os.environ)
+    if line is not None:  # a peer stopped on an unrecoverable error: this rank leaves with it
+        print(line, file=sys.stderr, flush=True)
+        return EXIT_NO_RESTART
+    return None
 
 
 def main(cfg: TrainConfig) -> int:
@@ -487,10 +518,23 @@ def main(cfg: TrainConfig) -> int:
         if cfg.inprocess:
             from trainer.resilience.inprocess import run_inprocess
 
-            run_inprocess(trainer.run_iteration, cfg.timeouts, trainer.ports)
+            guard = RepeatGuard(cfg.max_repeated_faults)
+            run_inprocess(
+                trainer.run_iteration, cfg.timeouts, trainer.ports, guard, lambda: trainer.failed_at
+            )
         else:
             trainer.run_iteration(None)
     except BaseException as exc:
+        refused = _refused_resume(exc)
+        if refused is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
+            # A plain run: no launcher to classify it, so say why in one line per checkpoint and exit 2.
+            print(refused, file=sys.stderr)
+            trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+            return EXIT_CONFIG
+        status = _give_up(cfg, trainer, exc)
+        if status is not None:
+            trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+            return status
         if cfg.inprocess:
             from trainer.resilience.inprocess import LeaveToTier2
 

@@ -54,6 +54,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--fault=%s" (get $v.faults $name) | quote }}
 {{- end }}
 - --fault-seed={{ int $v.faultSeed }}
+- --max-repeated-faults={{ int $v.maxRepeatedFaults }}
 - --metrics-port={{ int $v.metricsPort }}
 - {{ printf "--device=%s" $v.device | quote }}
 {{- range $v.extraTrainerArgs }}
@@ -107,10 +108,9 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
 {{- /* ibverbs memory registration stays correct across fork() (data loader workers, ft_launcher). */}}
 - name: RDMAV_FORK_SAFE
   value: "1"
-{{- if $v.runAsNonRoot }}
+{{- /* The root filesystem is read-only: HOME and every cache under it live on the /tmp scratch volume. */}}
 - name: HOME
   value: /tmp
-{{- end }}
 {{- range $name := keys $v.extraEnv | sortAlpha }}
 - name: {{ $name | quote }}
   value: {{ get $v.extraEnv $name | quote }}
@@ -148,6 +148,7 @@ limits:
 {{- define "trainer.containerSecurityContext" -}}
 privileged: false
 allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
 capabilities:
   drop: [ALL]
   add: [IPC_LOCK]
@@ -186,14 +187,8 @@ spec:
   {{- with $v.schedulerName }}
   schedulerName: {{ . | quote }}
   {{- end }}
-  {{- if $v.runAsNonRoot }}
   securityContext:
-    runAsNonRoot: true
-    runAsUser: {{ int $v.runAsUser }}
-    runAsGroup: {{ int $v.runAsGroup }}
-    fsGroup: {{ int $v.runAsGroup }}
-    fsGroupChangePolicy: OnRootMismatch
-  {{- end }}
+    {{- include "trainer.podSecurityContext" . | nindent 4 }}
   nodeSelector:
     {{- include "trainer.nodeSelector" . | nindent 4 }}
   {{- with $v.tolerations }}
@@ -205,6 +200,9 @@ spec:
     {{- toYaml . | nindent 4 }}
   {{- end }}
   initContainers:
+  {{- if $v.runAsNonRoot }}
+    {{- include "trainer.prepareDirsContainer" . | nindent 4 }}
+  {{- end }}
   {{- if gt (int $v.syntheticTokens) 0 }}
     {{- /* Pod 0 writes the token file under a temporary name and renames it (atomic on Lustre), so
          the others never map a half-written file; they wait for the name to appear. */}}
@@ -220,6 +218,7 @@ spec:
             mkdir -p "$(dirname "$DATA_PATH")"
             tmp="${DATA_PATH%.npy}.partial-$(hostname).npy"
             python -m trainer.data --out "$tmp" --tokens {{ int64 $v.syntheticTokens }} --vocab {{ include "trainer.vocabSize" . }} --seed {{ int $v.seed }}
+            mv "$tmp.meta.json" "$DATA_PATH.meta.json"  # its recorded max id: start-up checks skip a full scan
             mv "$tmp" "$DATA_PATH"
           else
             waited=0
@@ -231,11 +230,14 @@ spec:
       env:
         - name: DATA_PATH
           value: {{ $v.dataPath | quote }}
+      resources:
+        {{- include "trainer.helperResources" . | nindent 8 }}
       securityContext:
         {{- include "trainer.containerSecurityContext" . | nindent 8 }}
       volumeMounts:
         - name: fsx
           mountPath: {{ $v.storage.mountPath | quote }}
+        {{- include "trainer.scratchMount" . | nindent 8 }}
   {{- end }}
     {{- /* ft_launcher hides a worker's exit code (it retries, then exits 1), so a configuration that
          no restart can fix is caught here, where exit code 2 reaches the Job's FailJob rule. */}}
@@ -257,6 +259,7 @@ spec:
       volumeMounts:
         - name: fsx
           mountPath: {{ $v.storage.mountPath | quote }}
+        {{- include "trainer.scratchMount" . | nindent 8 }}
   containers:
     - name: trainer
       image: {{ include "trainer.image" . | quote }}
@@ -284,6 +287,7 @@ spec:
           mountPath: {{ include "trainer.localNvmeMount" . | quote }}
         - name: dshm
           mountPath: /dev/shm
+        {{- include "trainer.scratchMount" . | nindent 8 }}
   volumes:
     - name: fsx
       persistentVolumeClaim:
@@ -296,6 +300,7 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ $v.shmSize | quote }}
+    {{- include "trainer.scratchVolume" . | nindent 4 }}
 {{- end }}
 
 {{/* Pod failure handling shared by the Job and the JobSet's Job (see podRetriesPerIndex in values). */}}

@@ -87,7 +87,9 @@ def test_renders_valid_kubernetes(name: str) -> None:
     manifests = render(VALUE_SETS[name])
     skipped = validate_all(manifests)
     assert skipped <= CRD_KINDS, f"no schema for {skipped - CRD_KINDS}"
-    kinds = sorted(m["kind"] for m in manifests)
+    kinds = sorted(m["kind"] for m in manifests if m["kind"] != "NetworkPolicy")
+    policies = by_kind(manifests, "NetworkPolicy")
+    assert len(policies) == (2 if VALUE_SETS[name].get("networkPolicy", {}).get("enabled", True) else 0)
     if VALUE_SETS[name].get("workload") == "jobset":
         assert kinds == ["JobSet", "Pod", "Pod"]
     else:

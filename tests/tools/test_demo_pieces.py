@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def test_trainer_pod_from_the_rendered_chart_runs_ft_launcher_with_local_places(
         timeout=120,
     ).stdout
     pod = trainer_pod(load_manifests(rendered))
-    assert pod.job_name == "trainer"
+    # The Job name carries a digest of its spec (a changed spec is a new Job on helm upgrade).
+    assert re.fullmatch(r"trainer-[0-9a-f]{6}", pod.job_name), pod.job_name
     assert [c.name for c in pod.init_containers] == ["synthetic-data", "check-config"]
     argv = pod.trainer.resolved_argv({"RDZV_ENDPOINT": "127.0.0.1:1234", "OUT_DIR": "/tmp/run"})
     assert argv[0] == "ft_launcher"

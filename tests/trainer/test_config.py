@@ -59,7 +59,7 @@ def test_defaults_parse_and_nest(data: Path) -> None:
         (["--fault", "meteor:step=3"], "fault"),
         (["--fault", "exception:rank=1"], "fault"),
         (["--fault", "exception:step=500"], "fault"),
-        (["--fault", "ckpt-crash:step=95", "--ckpt-interval", "10", "--steps", "99"], "fault"),
+        (["--fault", "ckpt-crash:step=99", "--ckpt-interval", "10", "--steps", "99"], "fault"),
     ],
 )
 def test_bad_values_name_the_field(data: Path, extra: list[str], field: str) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
 from tests.trainer._dist import run_ranks
-from trainer.checkpoint import CheckpointConfig, CheckpointManager
+from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
 from trainer.checkpoint.state import build_save_dict
 from trainer.model import ModelConfig, build_model
 from trainer.snapshot.restore import restore
@@ -25,6 +25,14 @@ from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 pytestmark = pytest.mark.slow
 
 SMALL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        self.seen.append({"ev": ev, **fields})
 
 
 class Step:
@@ -80,14 +88,17 @@ def _agree(rank: int, world_size: int, mesh: Any, root: Path, damage: str) -> No
     if rank == 1 and damage == "all":
         store.remove()
         store = SnapshotStore(root / "shm", rank=rank, world_size=world_size, fingerprint="f")
-    ckpt = CheckpointManager(
-        CheckpointConfig(dir=root / "ckpt", mode="sync"), rank=rank, world_size=world_size
+    cfg = CheckpointConfig(dir=root / "ckpt", mode="sync")
+    ckpt = CheckpointLoop(
+        CheckpointManager(cfg, rank=rank, world_size=world_size), cfg, Events(), rank=rank, last_step=1
     )
     fresh = _state(mesh, seed=7)
     try:
-        got = restore(store, ckpt, fresh, rank=rank, device=torch.device("cpu"))
+        got = restore(store, ckpt, fresh, rank=rank, device=torch.device("cpu"), events=ckpt.events)
     finally:
         ckpt.close()
+    sources = [e["source"] for e in ckpt.events.seen if e["ev"] == "restore"]
+    assert sources == [got.source], sources  # one restore event, from whichever side restored
     expected = {"none": (1, "memory"), "newest": (0, "memory"), "all": (-1, "none")}[damage]
     assert (got.step, got.source) == expected, (rank, got)
     if got.step >= 0:

@@ -1,31 +1,46 @@
 """Atomic, reshardable, asynchronous DCP checkpoints with keep-latest-k and resume with fallback.
 
-- config.py:   CheckpointConfig (validated).
-- manager.py:  CheckpointManager: save / maybe_finalize / wait / load_latest / close, the commit protocol.
+- config.py:   CheckpointConfig, the one checkpoint configuration, and the CLI options made from it.
+- manager.py:  CheckpointManager: save / maybe_finalize / wait / abort / restore / close, the commit protocol.
+- loop.py:     CheckpointLoop: the training loop's side of it (when to save, failures, resume policy).
+- policy.py:   pure rules: which steps save, when a pending save is polled, what retention deletes.
 - backends.py: how a rank writes its shards: sync (dcp.save), torch-async (dcp.async_save), nvrx (NVRx
                FileSystemWriterAsync + persistent worker; CPU workarounds in trainer/resilience/compat.py).
-- layout.py:   directory names, MANIFEST.json with sizes and CRC32s, commit by rename, retention.
+- layout.py:   directory names, MANIFEST.json with sizes, CRC32s and the model fingerprint, commit by
+               rename, retention.
 - state.py:    the loop's objects <-> a DCP state dict (FSDP2 DTensor shards; per-rank trainer state).
+- errors.py:   CheckpointWriteError (a save failed), NoLoadableCheckpoint (resume refused).
 
 Not implemented: the node-local tier (`local_dir` is accepted and ignored; every save goes to `dir`).
+
+Names are imported lazily: `trainer.config` imports `trainer.checkpoint.config` while validating the
+command line, which must not import torch.distributed (`--check-config` runs without a process group).
 """
 
-from trainer.checkpoint.backends import CheckpointWriteError
-from trainer.checkpoint.config import CheckpointConfig
-from trainer.checkpoint.manager import (
-    CheckpointHooks,
-    CheckpointManager,
-    RestoreResult,
-    SaveResult,
-    SkippedCheckpoint,
-)
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointConfig",
-    "CheckpointHooks",
-    "CheckpointManager",
-    "CheckpointWriteError",
-    "RestoreResult",
-    "SaveResult",
-    "SkippedCheckpoint",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CheckpointConfig": "trainer.checkpoint.config",
+    "CheckpointWriteError": "trainer.checkpoint.errors",
+    "NoLoadableCheckpoint": "trainer.checkpoint.errors",
+    "CheckpointFailuresExceeded": "trainer.checkpoint.errors",
+    "CheckpointHooks": "trainer.checkpoint.manager",
+    "CheckpointManager": "trainer.checkpoint.manager",
+    "RestoreResult": "trainer.checkpoint.manager",
+    "SaveResult": "trainer.checkpoint.manager",
+    "SkippedCheckpoint": "trainer.checkpoint.manager",
+    "CheckpointLoop": "trainer.checkpoint.loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in ("layout", "policy", "state", "backends", "manager", "loop", "errors", "config"):
+        return importlib.import_module(f"trainer.checkpoint.{name}")
+    raise AttributeError(f"module 'trainer.checkpoint' has no attribute {name!r}")

@@ -14,21 +14,26 @@ DCP `.metadata`. The cross-rank agreement and the commit are the manager's.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing.util
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 
+from trainer.checkpoint.errors import CheckpointWriteError
 from trainer.checkpoint.state import Stager
 
+log = logging.getLogger(__name__)
 
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (the background writer failed, died or timed out)."""
+__all__ = ["CheckpointWriteError", "NvrxBackend", "SyncBackend", "TorchAsyncBackend", "make_backend"]
 
 
 class SyncBackend:
@@ -60,17 +65,32 @@ class SyncBackend:
 
 
 class TorchAsyncBackend(SyncBackend):
-    """dcp.async_save with torch's default stager and a background thread."""
+    """dcp.async_save with torch's default stager and a background thread.
+
+    A thread cannot be killed, so abort() cancels it instead: its writer's file system refuses to open
+    another file or write another chunk once cancelled (the thread fails at its next write), and abort
+    waits a bounded time for it to end. After abort() returns, this backend's old writer creates no file
+    and issues no write; at most a single write call already inside the kernel completes.
+    """
+
+    ABORT_JOIN_S = 2.0
+    """How long abort() waits for the cancelled thread (a write call already in the kernel finishes)."""
+
+    def __init__(self) -> None:
+        self._cancel: threading.Event | None = None
+        self._future: Any = None
 
     def start(self, sd: dict[str, Any], tmp: Path, pg: dist.ProcessGroup) -> Any:
+        self._cancel = threading.Event()
+        writer = FileSystemWriter(tmp, sync_files=True)
+        writer.fs = _CancellableFileSystem(self._cancel)
         try:
-            response = dcp.async_save(
-                sd, storage_writer=FileSystemWriter(tmp, sync_files=True), process_group=pg
-            )
+            response = dcp.async_save(sd, storage_writer=writer, process_group=pg)
         except Exception as exc:
             raise CheckpointWriteError(f"dcp.async_save failed to start: {exc}") from exc
         # A stager that returns a future makes async_save return an AsyncSaveResponse instead of a Future.
-        return getattr(response, "upload_completion", response)
+        self._future = getattr(response, "upload_completion", response)
+        return self._future
 
     def done(self, token: Any) -> bool:
         if not token.done():
@@ -79,6 +99,62 @@ class TorchAsyncBackend(SyncBackend):
         if exc is not None:
             raise CheckpointWriteError(f"background dcp.async_save failed: {exc}") from exc
         return True
+
+    def abort(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+        future, self._future = self._future, None
+        if future is not None:
+            with contextlib.suppress(BaseException):  # it fails with the cancellation, by design
+                future.exception(timeout=self.ABORT_JOIN_S)
+            if not future.done():
+                log.warning("cancelled dcp.async_save thread still running after %s s", self.ABORT_JOIN_S)
+
+
+class _WriteCancelled(OSError):
+    """Raised inside a cancelled writer thread."""
+
+
+class _CancellableFileSystem(FileSystem):
+    """DCP's local file system, refusing every open and every write once `cancel` is set."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        super().__init__()
+        self.cancel = cancel
+
+    def _check(self) -> None:
+        if self.cancel.is_set():
+            raise _WriteCancelled("checkpoint write cancelled (the save was aborted)")
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        self._check()
+        with super().create_stream(path, mode) as stream:
+            yield _CancellableStream(stream, self._check) if "w" in mode else stream
+
+    def rename(self, path: Any, new_path: Any) -> None:
+        self._check()
+        super().rename(path, new_path)
+
+
+class _CancellableStream:
+    """A file object whose write() checks for cancellation first (torch.save writes in chunks)."""
+
+    def __init__(self, stream: Any, check: Any) -> None:
+        self._stream, self._check = stream, check
+
+    def write(self, data: Any) -> int:
+        self._check()
+        return int(self._stream.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def __enter__(self) -> _CancellableStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stream.close()
 
 
 class NvrxBackend:
@@ -138,6 +214,8 @@ class NvrxBackend:
 
         from trainer.resilience import compat
 
+        if self._queue_in_use is None or self._queue_in_use is not NvrxBackend._queue:
+            self._queue_in_use = self._shared_queue()  # the one this backend used was killed by abort()
         prewarm = NvrxBackend._prewarm
         if prewarm is not None and prewarm.is_alive():
             prewarm.join(self.write_timeout_s)
@@ -219,7 +297,9 @@ class NvrxBackend:
         writer.finish(metadata, gathered)
 
     def abort(self) -> None:
+        """Kill the worker (and its writers) now; the next start() gets a fresh one."""
         self.reset_shared_queue()
+        self._queue_in_use = None
         self.stager.release()
 
     def close(self, timeout_s: float) -> None:

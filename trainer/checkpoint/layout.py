@@ -18,11 +18,14 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 MANIFEST = "MANIFEST.json"
+FINGERPRINT = "model_fingerprint"
+"""Manifest key: a hash of the model's parameter names, global shapes and dtypes (state.fingerprint)."""
 FORMAT_VERSION = 1
 _COMMITTED = re.compile(r"^step_(\d{8,})$")
 _CHUNK = 8 << 20
@@ -175,10 +178,25 @@ def discard(path: Path) -> None:
         _discard(path)
 
 
-def apply_retention(root: Path, keep: int) -> list[Path]:
-    """Delete all but the `keep` newest committed checkpoints; returns what was deleted."""
+def apply_retention(
+    root: Path, keep: int, *, just_committed: Path, fingerprint: str, unloadable: Iterable[str] = ()
+) -> list[Path]:
+    """Delete what policy.to_delete names (never the checkpoint just committed, never one not provably
+    this model's, never one that does not load); returns what was deleted."""
+    from trainer.checkpoint.policy import Kept, to_delete
+
     candidates, _ = scan(root)
-    doomed = [c.path for c in candidates[keep:]]
+    bad = {str(p) for p in unloadable}
+    kept = [
+        Kept(
+            c.step,
+            c.path,
+            ours=c.manifest is not None and c.manifest.get(FINGERPRINT) == fingerprint,
+            loadable=c.problem is None and str(c.path) not in bad,
+        )
+        for c in candidates
+    ]
+    doomed = to_delete(kept, just_committed, keep)
     for path in doomed:
         discard(path)
     for leftover in root.glob(".trash-*"):  # from a process killed while deleting

@@ -1,19 +1,26 @@
 """CheckpointManager: save (async per mode), commit atomically, keep the latest k, resume with fallback.
 
-Collective contract: every rank calls save / maybe_finalize / wait / load_latest at the same points
-(the loop calls maybe_finalize after every step). The manager talks over its own gloo process group, so
-its collectives never interleave with the training group's (torch-async runs some in a thread), and a
-CPU group is what the NVRx and torch background paths need even when training uses NCCL.
+Collective contract: every rank calls save / maybe_finalize / wait / restore at the same points (the
+loop calls maybe_finalize after every step; it asks the other ranks only at the steps policy.poll_due
+names). abort / close are local (no collectives: they run in teardown, when peers may be gone).
+The manager talks over its own gloo process group, so its collectives never interleave with the
+training group's (torch-async runs some in a thread), and a CPU group is what the NVRx and torch
+background paths need even when training uses NCCL.
 
 Life of one save (at most one is in flight; a new save first finishes the previous one):
   1. save(): this rank's part of the write starts (see backends.py); the loop waits only for that.
   2. maybe_finalize(): when this rank's write is finished, its shard files are fsynced and CRC32'd
-     (in a helper thread for the async modes). One small all_reduce per call tells every rank whether
-     all ranks are done, or whether any failed (then every rank raises CheckpointWriteError).
+     (in a helper thread for the async modes). At the calls policy.poll_due names (not every step), one
+     small all_reduce tells every rank whether all ranks are done, or whether any failed (then every
+     rank raises CheckpointWriteError and the save is discarded; the manager stays usable).
   3. commit (all ranks): hooks.before_commit(step) runs on every rank, then rank 0 gathers the file
      lists (and NVRx's write results, from which it writes the DCP .metadata), writes MANIFEST.json,
-     renames the directory to step_<N> (the moment it becomes visible), deletes beyond keep_latest,
-     and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the group's timeout.
+     renames the directory to step_<N> (the moment it becomes visible), applies retention
+     (policy.to_delete) and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the
+     group's timeout.
+
+restore() tries committed checkpoints newest first; a failed load is rolled back (state.Rollback), so
+the next candidate, or a fresh start, begins from exactly the state the caller built.
 """
 
 from __future__ import annotations
@@ -32,10 +39,18 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 
-from trainer.checkpoint import layout
-from trainer.checkpoint.backends import CheckpointWriteError, make_backend
+from trainer.checkpoint import layout, policy
+from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.checkpoint.state import apply_loaded, build_load_dict, build_save_dict, tensor_bytes
+from trainer.checkpoint.errors import CheckpointWriteError
+from trainer.checkpoint.state import (
+    Rollback,
+    apply_loaded,
+    build_load_dict,
+    build_save_dict,
+    fingerprint,
+    tensor_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +61,9 @@ class CheckpointHooks:
 
     before_commit: Callable[[int], None] | None = None
     """Called on every rank with the step, after that rank's shard files are durable, before the commit."""
+    after_write: Callable[[int], None] | None = None
+    """Called on a rank with the step when its background write reports done; raising fails the save as
+    a failed write would (the ckpt-write-error fault)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,8 @@ class RestoreResult:
     path: str | None
     load_s: float
     skipped: list[SkippedCheckpoint] = field(default_factory=list)
+    committed: int = 0
+    """Committed checkpoints found (loadable or not): with step -1, a reason to refuse a fresh start."""
 
 
 @dataclass
@@ -78,6 +98,10 @@ class _Pending:
     token: Any
     t0: float
     files: Future[dict[str, Any]] | None = None
+    error: str | None = None
+    """This rank's part failed (sticky: the failure is reported at the next poll)."""
+    calls: int = 0
+    """Non-blocking finalize calls since the save (policy.poll_due decides which of them poll)."""
 
 
 class CheckpointManager:
@@ -113,14 +137,20 @@ class CheckpointManager:
         )
         self._backend = make_backend(cfg.mode, cfg.write_timeout_s)
         self._pending: _Pending | None = None
+        self._fingerprint: str | None = None
+        self._unloadable: set[str] = set()  # committed checkpoints that failed to load in this process
+        self.committed_step = -1
+        """Step of the newest checkpoint this manager committed (-1: none yet)."""
+        self.polls = 0
+        """Cross-rank agreements on pending saves so far (each one all_reduce)."""
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc")
         if rank == 0:
             cfg.dir.mkdir(parents=True, exist_ok=True)
 
     # ----------------------------------------------------------------------------------------- policy
-    def should_save(self, step: int) -> bool:
-        """Save after step s (0-based) when (s + 1) is a multiple of interval_steps."""
-        return (step + 1) % self.cfg.interval_steps == 0
+    def should_save(self, step: int, last_step: int = -1) -> bool:
+        """policy.is_due: at the interval, and after the run's last step."""
+        return policy.is_due(step, self.cfg.interval_steps, last_step)
 
     # ------------------------------------------------------------------------------------------- save
     def save(self, step: int, state: dict[str, Any]) -> SaveResult:
@@ -132,6 +162,8 @@ class CheckpointManager:
         t0 = time.perf_counter()
         if self._pending is not None:
             self._finalize(blocking=True)
+        if self._fingerprint is None:
+            self._fingerprint = fingerprint(state)
         tmp = self.cfg.dir / layout.temp_name(step)
         if self.rank == 0:
             layout.discard(tmp)  # a leftover of an interrupted save of the same step
@@ -141,10 +173,12 @@ class CheckpointManager:
         nbytes = tensor_bytes(sd)
         try:
             token = self._backend.start(sd, tmp, self._writer_group())
-        except CheckpointWriteError:
+        except BaseException as exc:  # also the Wrapper's asynchronous restart landing mid-write
             self._backend.abort()
             if self.rank == 0:
                 layout.discard(tmp)
+            if isinstance(exc, CheckpointWriteError):
+                raise CheckpointWriteError(f"checkpoint of step {step} failed: {exc}", step) from exc
             raise
         self._pending = _Pending(step, tmp, token, t0)
         if self.cfg.mode == "sync":
@@ -152,33 +186,62 @@ class CheckpointManager:
         return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
 
     def maybe_finalize(self, blocking: bool = False) -> list[int]:
-        """Commit the pending save if every rank finished writing; returns the committed steps."""
-        if self._pending is None:
+        """Commit the pending save if every rank finished writing; returns the committed steps.
+
+        Non-blocking calls check this rank's write every time (no collective) but ask the other ranks
+        only at the calls policy.poll_due names, the same calls on every rank.
+        """
+        p = self._pending
+        if p is None:
             return []
+        if not blocking:
+            p.calls += 1
+            self._local_state(p, blocking=False)  # starts fsync + CRC32 as soon as the write is done
+            if not policy.poll_due(p.calls):
+                return []
         return self._finalize(blocking)
 
-    def wait(self) -> None:
-        """Finish and commit everything pending (bounded by write_timeout_s)."""
-        self.maybe_finalize(blocking=True)
+    def wait(self) -> list[int]:
+        """Finish and commit everything pending (bounded by write_timeout_s); returns the committed steps."""
+        return self.maybe_finalize(blocking=True)
+
+    def abort(self) -> None:
+        """Abandon the pending save now, on this rank only (no collective): stop its writers, so that none
+        of them writes into the checkpoint directory again, and (rank 0) discard its temporary directory.
+        The manager stays usable; the next save starts fresh writers."""
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        self._backend.abort()
+        if self.rank == 0:
+            try:
+                layout.discard(p.tmp)
+            except OSError as exc:  # another rank's stopped writer may still hold it for a moment
+                log.warning("could not discard %s: %s", p.tmp, exc)
 
     # --------------------------------------------------------------------------------------- finalize
     def _local_state(self, p: _Pending, blocking: bool) -> tuple[str, str | None]:
         """("pending" | "ready" | "failed", reason) of this rank's part of the pending save."""
         deadline = p.t0 + self.cfg.write_timeout_s
-        while True:
+        while p.error is None:
             try:
                 if p.files is None and self._backend.done(p.token):
+                    if self.hooks.after_write is not None:
+                        self.hooks.after_write(p.step)
                     p.files = self._hasher.submit(self._durable_files, p.tmp)
                 if p.files is not None and p.files.done():
                     p.files.result()  # re-raises a hashing error
                     return "ready", None
             except (Exception, CheckpointException) as exc:
-                return "failed", f"rank {self.rank}: {exc}"
+                p.error = f"rank {self.rank}: {exc}"
+                break
             if time.perf_counter() > deadline:
-                return "failed", f"rank {self.rank}: write not finished after {self.cfg.write_timeout_s} s"
+                p.error = f"rank {self.rank}: write not finished after {self.cfg.write_timeout_s} s"
+                break
             if not blocking:
                 return "pending", None
             time.sleep(0.005)
+        return "failed", p.error
 
     def _durable_files(self, tmp: Path) -> dict[str, Any]:
         """fsync this rank's shard files (and the directory) and describe them for the manifest."""
@@ -191,6 +254,7 @@ class CheckpointManager:
         p = self._pending
         assert p is not None
         state, reason = self._local_state(p, blocking)
+        self.polls += 1
         flags = torch.tensor([state == "pending", state == "failed"], dtype=torch.int64)
         dist.all_reduce(flags, group=self._group())
         if flags[1] > 0:
@@ -203,11 +267,8 @@ class CheckpointManager:
         return [p.step]
 
     def _fail(self, p: _Pending, reason: str) -> None:
-        self._pending = None
-        self._backend.abort()
-        if self.rank == 0:
-            layout.discard(p.tmp)
-        raise CheckpointWriteError(f"checkpoint of step {p.step} failed: {reason}")
+        self.abort()
+        raise CheckpointWriteError(f"checkpoint of step {p.step} failed: {reason}", p.step)
 
     def _commit(self, p: _Pending) -> None:
         if self.hooks.before_commit is not None:
@@ -233,7 +294,8 @@ class CheckpointManager:
         ok, detail = outcome[0]
         if not ok:
             self._backend.abort()
-            raise CheckpointWriteError(f"checkpoint of step {p.step} failed at commit: {detail}")
+            raise CheckpointWriteError(f"checkpoint of step {p.step} failed at commit: {detail}", p.step)
+        self.committed_step = p.step
 
     def _write_commit(self, p: _Pending, gathered: list[dict[str, Any]]) -> tuple[bool, str]:
         """Rank 0: metadata (NVRx), manifest, rename, retention, event. Returns (ok, path or reason)."""
@@ -251,10 +313,17 @@ class CheckpointManager:
             stray = sorted({q.name for q in p.tmp.iterdir()} - set(files))
             if stray:
                 raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
-            final = layout.commit(
-                p.tmp, p.step, files, {"world_size": self.world_size, "mode": self.cfg.mode}
+            assert self._fingerprint is not None
+            extra = {"world_size": self.world_size, "mode": self.cfg.mode}
+            final = layout.commit(p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint})
+            deleted = layout.apply_retention(
+                self.cfg.dir,
+                self.cfg.keep_latest,
+                just_committed=final,
+                fingerprint=self._fingerprint,
+                unloadable=self._unloadable,
             )
-            layout.apply_retention(self.cfg.dir, self.cfg.keep_latest)
+            log.debug("retention deleted %s", [str(d) for d in deleted])
         except Exception as exc:
             layout.discard(p.tmp)
             return False, f"{type(exc).__name__}: {exc}"
@@ -263,11 +332,17 @@ class CheckpointManager:
         return True, str(final)
 
     # ------------------------------------------------------------------------------------------- load
-    def load_latest(self, state: dict[str, Any]) -> RestoreResult:
-        """Load the newest valid checkpoint into `state` in place, skipping damaged ones with a reason."""
+    def restore(self, state: dict[str, Any]) -> RestoreResult:
+        """Load the newest checkpoint that loads into `state` in place, skipping the others with a reason.
+
+        A checkpoint of another model (fingerprint) is skipped without reading it; one whose load fails
+        is rolled back, so nothing of it stays in `state`. With nothing loaded, `state` is as the caller
+        built it, bitwise. The policy (refuse a fresh start?) is the caller's: see `committed`.
+        """
         t0 = time.perf_counter()
         if self._pending is not None:
             self.wait()
+        self._fingerprint = fingerprint(state)
         listing: list[Any] = [None]
         if self.rank == 0:
             candidates, temps = layout.scan(self.cfg.dir)
@@ -280,19 +355,37 @@ class CheckpointManager:
         dist.broadcast_object_list(listing, src=self._global_rank0(), group=self._group())
         candidates_info, temps = listing[0]
         skipped = [SkippedCheckpoint(t, "incomplete: never committed (interrupted save)") for t in temps]
+        rollback: Rollback | None = None
         for step, path_str, manifest, problem in candidates_info:
             path = Path(path_str)
-            reason = problem or self._verify(path, manifest) or self._try_load(path, state)
+            reason = problem or self._foreign(manifest) or self._verify(path, manifest)
             if reason is None:
-                return RestoreResult(step, path_str, time.perf_counter() - t0, skipped)
+                rollback = rollback or Rollback(state)
+                reason = self._try_load(path, state)
+                if reason is not None:
+                    rollback.restore()
+            if reason is None:
+                return RestoreResult(step, path_str, time.perf_counter() - t0, skipped, len(candidates_info))
             log.warning("skipping checkpoint %s: %s", path, reason)
+            self._unloadable.add(path_str)
             skipped.append(SkippedCheckpoint(path_str, reason))
-        return RestoreResult(-1, None, time.perf_counter() - t0, skipped)
+        return RestoreResult(-1, None, time.perf_counter() - t0, skipped, len(candidates_info))
+
+    load_latest = restore  # the earlier name
+
+    def _foreign(self, manifest: dict[str, Any] | None) -> str | None:
+        theirs = (manifest or {}).get(layout.FINGERPRINT)
+        if theirs is None:
+            return None  # written before fingerprints: the load itself checks shapes
+        if theirs != self._fingerprint:
+            return (
+                f"model shape mismatch: fingerprint {theirs}, this run's model is {self._fingerprint} "
+                "(another preset or model change)"
+            )
+        return None
 
     def _verify(self, path: Path, manifest: dict[str, Any]) -> str | None:
         """Checksums, spread over ranks; every rank gets the same verdict."""
-        if not self.cfg.verify_checksums:
-            return None
         names = sorted(manifest["files"])[self.rank :: self.world_size]
         return self._agree(layout.verify_checksums(path, manifest, names))
 
@@ -313,6 +406,11 @@ class CheckpointManager:
         dist.all_gather_object(errors, error, group=self._group())
         return next((e for e in errors if e), None)
 
+    @property
+    def pending_step(self) -> int:
+        """Step of the save in flight (-1: none)."""
+        return self._pending.step if self._pending is not None else -1
+
     def latest_committed_path(self) -> Path | None:
         """The newest committed checkpoint directory (not verified), or None."""
         candidates, _ = layout.scan(self.cfg.dir)
@@ -325,9 +423,7 @@ class CheckpointManager:
         No collectives here: close runs in teardown after a fault, when peers may be gone.
         """
         t0 = time.perf_counter()
-        if self._pending is not None:
-            self._pending = None
-            self._backend.abort()
+        self.abort()
         self._backend.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
         groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])

@@ -161,3 +161,66 @@ def _signature(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return tuple(_signature(v) for v in obj)
     return type(obj).__name__
+
+
+def fingerprint(state: dict[str, Any]) -> str:
+    """What makes a checkpoint this model's: parameter and buffer names, global shapes and dtypes, hashed.
+
+    Global shapes (a DTensor's `.shape`), so the same model on another world size has the same
+    fingerprint and a checkpoint still reshards; another preset or model change gives another one.
+    """
+    import hashlib
+
+    model = state[MODEL]
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+    return digest.hexdigest()[:16]
+
+
+class Rollback:
+    """A copy of the live state, taken before any checkpoint is tried, put back after a failed load.
+
+    dcp.load writes into the live (FSDP) tensors, and asking torch for an optimizer state dict fills an
+    empty optimizer's state with a zero step (torch's _init_optim_state); a load that fails half-way
+    would leave the next attempt, or a fresh start, with partly overwritten weights and a stepped
+    optimizer. Put back, the state is bitwise what it was before (model shards, optimizer state, every
+    Stateful and the torch RNG state through them). The copy lives in CPU memory and only while the loads
+    are tried: at start-up, when the optimizer is usually still empty.
+    """
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import copy
+
+        self._state = state
+        model = state[MODEL]
+        self._tensors = {
+            name: _local(t).detach().to("cpu", copy=True) for name, t in model.state_dict().items()
+        }
+        optim = state.get(OPTIM)
+        self._optim = copy.deepcopy(optim.state_dict()) if optim is not None else None
+        self._others = {
+            name: copy.deepcopy(obj.state_dict())
+            for name, obj in state.items()
+            if name not in (MODEL, OPTIM) and obj is not None
+        }
+        self._rng = torch.get_rng_state()
+
+    def restore(self) -> None:
+        import copy
+
+        model = self._state[MODEL]
+        with torch.no_grad():
+            for name, tensor in model.state_dict().items():
+                _local(tensor).copy_(self._tensors[name])
+        optim = self._state.get(OPTIM)
+        if optim is not None and self._optim is not None:
+            optim.load_state_dict(copy.deepcopy(self._optim))
+            optim.zero_grad(set_to_none=True)
+        for name, saved in self._others.items():
+            self._state[name].load_state_dict(copy.deepcopy(saved))
+        torch.set_rng_state(self._rng)
+
+
+def _local(tensor: Any) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -46,7 +46,9 @@ from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment, Rank
 from nvidia_resiliency_ext.inprocess.state import Mode
 from nvidia_resiliency_ext.inprocess.store import TCPStore
 
+from trainer.errors import UnrecoverableError
 from trainer.resilience.timeouts import Ports, Timeouts
+from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +124,11 @@ class LeaveToTier2(RestartAbort):
     """A rank was terminated: this process leaves the Wrapper so that ft_launcher restarts all workers."""
 
 
+class GiveUp(RestartAbort):
+    """Leave the Wrapper without another iteration (RestartAbort is NVRx's "do not restart"): the
+    wrapped function raised an UnrecoverableError, or the same fault repeated (RepeatGuard)."""
+
+
 class FixedWorld(RankAssignment):
     """Keep every rank active with its rank; leave the Wrapper if any rank was terminated (tier 2)."""
 
@@ -172,14 +179,29 @@ def make_wrapper(timeouts: Timeouts, ports: Ports) -> inprocess.Wrapper:
     return wrapper
 
 
-def run_inprocess(fn: Callable[[Any], Any], timeouts: Timeouts, ports: Ports) -> Any:
+def run_inprocess(
+    fn: Callable[[Any], Any],
+    timeouts: Timeouts,
+    ports: Ports,
+    guard: RepeatGuard | None = None,
+    failed_at: Callable[[], int] = lambda: -1,
+) -> Any:
     """Run `fn(call_wrapper)` under the Wrapper; it is re-run in the same process after a fault.
 
     `fn` receives the active CallWrapper (for `.iteration` and `.ping()`), and must build its process
     group, model and optimizer afresh on every call and tear them down before an exception leaves it.
+    An UnrecoverableError, or a fault that `guard` sees repeat at the same step (`failed_at()`), leaves
+    the Wrapper as GiveUp (its __cause__ is the error) instead of starting another iteration.
     """
 
     def entry(call_wrapper: CallWrapper = None):  # the Wrapper fills it in by this annotation
-        return fn(call_wrapper)
+        try:
+            return fn(call_wrapper)
+        except UnrecoverableError as exc:
+            raise GiveUp(str(exc)) from exc
+        except Exception as exc:  # RankShouldRestart (a peer's fault) is a BaseException: not counted
+            if guard is not None and guard.repeated(exc, failed_at()):
+                raise GiveUp(guard.describe()) from exc
+            raise
 
     return make_wrapper(timeouts, ports)(entry)()

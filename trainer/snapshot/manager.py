@@ -35,6 +35,7 @@ class Snapshots:
             else None
         )
         self._checked_bytes = 0
+        self.restored: Restored | None = None
 
     def check_budget(self, model: torch.nn.Module) -> None:
         """Before the first step: do two snapshots per local rank fit? (estimated from the parameters)."""
@@ -47,8 +48,16 @@ class Snapshots:
         if local and local[0].is_cuda:
             self.store.pin()
 
-    def restore(self, ckpt: Any, state: dict[str, Any], device: torch.device) -> Restored:
-        return restore(self.store, ckpt, state, rank=self.rank, device=device)
+    def restore(self, ckpt: Any, state: dict[str, Any], device: torch.device, events: Any) -> int:
+        """Check the memory budget, then restore (snapshot or durable checkpoint); the step restored."""
+        self.check_budget(state["model"])
+        return self.last_restore(
+            restore(self.store, ckpt, state, rank=self.rank, device=device, events=events)
+        )
+
+    def last_restore(self, restored: Restored) -> int:
+        self.restored = restored
+        return restored.step
 
     def after_step(self, step: int, state: dict[str, Any]) -> WriteResult | None:
         """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so."""

@@ -43,18 +43,30 @@ class Restored:
     path: str
     load_s: float
     skipped: list[Any] = field(default_factory=list)
-    """Durable checkpoints passed over (from CheckpointManager.load_latest)."""
+    """Durable checkpoints passed over (reported by the CheckpointLoop's own events)."""
     refused: list[str] = field(default_factory=list)
     """This rank's snapshots that were not offered, with why."""
 
 
 def restore(
-    store: SnapshotStore | None, ckpt: Any, state: dict[str, Any], *, rank: int, device: torch.device
+    store: SnapshotStore | None,
+    ckpt: Any,
+    state: dict[str, Any],
+    *,
+    rank: int,
+    device: torch.device,
+    events: Any,
 ) -> Restored:
-    """Restore `state` in place from the newest source every rank has. A collective: all ranks call it."""
+    """Restore `state` in place from the newest source every rank has. A collective: all ranks call it.
+
+    `ckpt` is the loop's CheckpointLoop: its `restore` is the durable fallback (it emits that `restore`
+    event itself, and applies the resume policy); a snapshot restore emits its own here.
+    """
     t0 = time.perf_counter()
     offers, rejected = store.offers() if store is not None else ([], [])
     refused = [f"slot {r.slot}: {r.reason}" for r in rejected]
+    for reason in refused:
+        log.warning("snapshot not offered: %s", reason)
     durable = _newest_durable_step(ckpt) if rank == 0 else -1
     mine = [o.header.step for o in offers][:OFFERED]
     row = torch.tensor(mine + [-1] * (OFFERED - len(mine)) + [durable], dtype=torch.int64, device=device)
@@ -69,29 +81,29 @@ def restore(
             break
         offer = next(o for o in offers if o.header.step == step)
         tried_template = True
-        error = _load_snapshot(store, offer, state, rank)  # type: ignore[arg-type]
+        error = _load_snapshot(store, offer, state, rank)
         if _all_succeeded(error is None, device):
             assert store is not None
             store.discard_newer_than(step)
             source = "memory" if offer.written_here else "shm"
-            return Restored(step, source, str(store.path(offer.slot)), time.perf_counter() - t0, [], refused)
+            path, load_s = str(store.path(offer.slot)), time.perf_counter() - t0
+            events.emit("restore", step=step, path=path, load_s=load_s, source=source)
+            return Restored(step, source, path, load_s, [], refused)
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
         refused.append(f"step {step}: {error or 'failed on another rank'}")
-    result = ckpt.load_latest(state)
-    if result.step < 0 and tried_template:
+    result = ckpt.restore(state)
+    if result < 0 and tried_template:
         # A failed snapshot load may have overwritten part of the live state, and there is no durable
         # checkpoint to overwrite it again: start over in fresh objects, without those snapshots.
         assert store is not None
         store.discard_newer_than(min(common) - 1)
         raise RuntimeError("a snapshot restore failed part-way and no checkpoint exists: restarting")
-    if result.step < 0:
+    if result < 0:
         _reset_optimizer(state)
     if store is not None:
-        store.discard_newer_than(result.step)
-    source = "fsx" if result.step >= 0 else "none"
-    return Restored(
-        result.step, source, str(result.path or ""), time.perf_counter() - t0, list(result.skipped), refused
-    )
+        store.discard_newer_than(result)
+    source = "fsx" if result >= 0 else "none"
+    return Restored(result, source, "", time.perf_counter() - t0, [], refused)
 
 
 def _load_snapshot(store: SnapshotStore | None, offer: Offer, state: dict[str, Any], rank: int) -> str | None:

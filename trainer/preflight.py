@@ -1,0 +1,166 @@
+"""Start-up checks that need the file system and the environment but no process group.
+
+`TrainConfig.validate` checks values; this checks what the values point at: the token file fits the
+model and the world size, the output and checkpoint directories are directories this process can write,
+every fault names a rank and node that exist, and the metrics port is free and no store's port. It runs in
+`--check-config` (the pod's init container, where a failure exits 2 and the Job fails at once) and again
+at every worker's start-up (where it exits 93, ft_launcher's no-restart code), so a mistake costs one
+start, not a restart storm. Each failure is a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trainer.config import ConfigError, TrainConfig
+from trainer.data_check import check_token_file
+from trainer.faults import RANDOM
+
+if TYPE_CHECKING:
+    from trainer.metrics import PrometheusExporter
+
+
+@dataclass(frozen=True)
+class World:
+    """The job's size as far as the environment tells it (None: unknown here)."""
+
+    world_size: int | None
+    nnodes: int | None
+    source: str
+
+
+def _plain_int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.isascii() and value.isdigit() else None
+
+
+def world_from_env(env: Mapping[str, str]) -> World:
+    """Under a launcher WORLD_SIZE/GROUP_WORLD_SIZE; in the init container NNODES x NPROC_PER_NODE (the
+    chart's env). NNODES=MIN:MAX (hot spares) leaves the world size unknown."""
+    world, groups = _plain_int(env.get("WORLD_SIZE")), _plain_int(env.get("GROUP_WORLD_SIZE"))
+    if world:
+        return World(world, groups, "WORLD_SIZE")
+    nnodes, nproc = _plain_int(env.get("NNODES")), _plain_int(env.get("NPROC_PER_NODE"))
+    if nnodes and nproc:
+        return World(nnodes * nproc, nnodes, "NNODES x NPROC_PER_NODE")
+    return World(None, nnodes, "unknown")
+
+
+def check_writable_dir(field: str, path: Path) -> None:
+    """`path` is a directory this process can write, or can be created (its nearest existing ancestor
+    is a writable directory). Writes and removes one probe file; creates nothing else."""
+    try:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(
+                field,
+                f"{path} exists and is not a directory; point --{field.replace('_', '-')} at a directory",
+            )
+        existing = path
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+    except OSError as exc:
+        raise ConfigError(field, f"{path} cannot be inspected ({exc.strerror or exc})") from None
+    if not existing.is_dir():
+        raise ConfigError(field, f"{path} cannot be created: {existing} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trainer-write-check-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        what = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
+        raise ConfigError(
+            field, f"{path} {what} ({exc.strerror or exc}); fix the mount or its permissions"
+        ) from None
+
+
+def check_dirs(cfg: TrainConfig) -> None:
+    check_writable_dir("out_dir", cfg.out_dir)
+    check_writable_dir("ckpt_dir", cfg.ckpt.dir)
+    if cfg.ckpt.local_dir is not None:
+        check_writable_dir("ckpt_local_dir", cfg.ckpt.local_dir)
+
+
+def check_fault_targets(cfg: TrainConfig, world: World) -> None:
+    """Every fault targets a rank (or, for node-loss, a node) that exists, when the world is known."""
+    for spec in cfg.faults:
+        if spec.kind == "node-loss":
+            if world.nnodes is not None and spec.node >= world.nnodes:
+                raise ConfigError("fault", f"{spec}: node {spec.node} does not exist ({world.nnodes} nodes)")
+        elif world.world_size is not None and spec.rank != RANDOM and spec.rank >= world.world_size:
+            raise ConfigError(
+                "fault",
+                f"{spec}: rank {spec.rank} does not exist "
+                f"(world size {world.world_size}, from {world.source})",
+            )
+
+
+def _launcher_ports(env: Mapping[str, str]) -> dict[int, str]:
+    """Ports the launcher and the trainer's stores use, as far as this environment names them."""
+    ports: dict[int, str] = {}
+    rdzv = _plain_int(env.get("RDZV_ENDPOINT", "").rpartition(":")[2])
+    if rdzv:
+        ports[rdzv] = "the rendezvous port (RDZV_ENDPOINT)"
+    base = _plain_int(env.get("MASTER_PORT"))
+    if base:
+        ports[base] = "MASTER_PORT"
+        ports[_plain_int(env.get("TRAINER_PG_PORT")) or base + 1] = "the process group's store port"
+        ports[_plain_int(env.get("TRAINER_INPROCESS_PORT")) or base + 2] = (
+            "the in-process Wrapper's store port"
+        )
+    return ports
+
+
+def check_metrics_port(port: int, env: Mapping[str, str], *, try_bind: bool) -> None:
+    """The exporter's port is none of the launcher's or the stores' ports and (if `try_bind`) is free."""
+    if port == 0:
+        return
+    taken = _launcher_ports(env)
+    if port in taken:
+        raise ConfigError("metrics_port", f"{port} is {taken[port]}; pick another port")
+    if not try_bind:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's HTTP server does
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise ConfigError("metrics_port", _bind_error(port, exc)) from None
+
+
+def _bind_error(port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} is already in use on this host; pick another --metrics-port (0 turns it off)"
+    return f"cannot listen on port {port} ({exc.strerror or exc}); pick another --metrics-port"
+
+
+def open_exporter(port: int) -> PrometheusExporter:
+    """The rank-0 Prometheus exporter; a port taken meanwhile is a ConfigError, not a traceback."""
+    from trainer.metrics import PrometheusExporter
+
+    try:
+        return PrometheusExporter(port)
+    except OSError as exc:
+        raise ConfigError("metrics_port", _bind_error(port, exc)) from None
+
+
+def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_config: bool) -> World:
+    """Run every check that needs no process group; raise ConfigError naming the field.
+
+    `check_config`: in the init container every pod tries to bind the metrics port; at start-up only
+    global rank 0 does (it is the one that serves it; another local rank would race with it).
+    """
+    env = os.environ if env is None else env
+    world = world_from_env(env)
+    check_token_file(
+        cfg.data_path, vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len, world_size=world.world_size or 1
+    )
+    check_dirs(cfg)
+    check_fault_targets(cfg, world)
+    check_metrics_port(cfg.metrics_port, env, try_bind=check_config or env.get("RANK", "0") == "0")
+    return world
