@@ -7,6 +7,8 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
 - recovery    bench.recovery: tier 1 vs tier 2 vs full restart, hang detection (several repetitions)
 - ckpt_stall  ``python -m bench.ckpt_stall --mib 64 256 1024 --out <json>`` (the checkpoint engineer's
               bench; --quick: its own short pass)
+- snapshot    ``python -m bench.snapshot --mib 64 256 1024 --out <json>``: host-memory snapshot blocked
+              time vs the one-copy floor, host memory per rank, restore time per source
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
@@ -38,7 +40,7 @@ from goodput.montecarlo import simulate
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("recovery", "ckpt_stall", "synth", "planner")
+PARTS = ("recovery", "ckpt_stall", "snapshot", "synth", "planner")
 
 
 def run_recovery(results: Path, quick: bool) -> None:
@@ -65,6 +67,7 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 # The other engineers' benches and their arguments (full, quick).
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
 CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
+SNAPSHOT_ARGS = (["--mib", "64", "256", "1024"], ["--mib", "64", "--reps", "3"])
 
 
 MC_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -214,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "recovery": lambda: run_recovery(args.results, args.quick),
         "ckpt_stall": lambda: run_module(
             "bench.ckpt_stall", args.results / "ckpt_stall.json", CKPT_ARGS[args.quick], 900
+        ),
+        "snapshot": lambda: run_module(
+            "bench.snapshot", args.results / "snapshot.json", SNAPSHOT_ARGS[args.quick], 900
         ),
         "synth": lambda: run_module("bench.synth", args.results / "synth.json", SYNTH_ARGS[args.quick], 900),
         "planner": lambda: run_planner(args.results, args.quick),

@@ -138,6 +138,8 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
         "OUT_DIR": str(fsx / "runs"),
         # The pod's /tmp scratch volume (the root filesystem is read-only): one folder per local pod.
         "HOME": str(out / f"scratch-node{index}"),
+        # The pod's memory-backed /dev/shm: one per pod, and empty in a replacement pod (see run_pods).
+        "SNAPSHOT_DIR": str(out / f"shm-pod{index}" / "trainer-snapshots"),
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job
@@ -200,7 +202,8 @@ class Progress:
                 say(f"  detected by tier {e['tier']}: {e.get('reason', '')}")
             elif kind == "restore" and e["rank"] == 0:
                 where = f"step {e['step']}" if e["step"] >= 0 else "scratch (no checkpoint yet)"
-                say(f"  rank 0 resumed from {where} (load {e['load_s']:.2f} s)")
+                source = f" ({e['source']})" if e.get("source") and e["step"] >= 0 else ""
+                say(f"  rank 0 resumed from {where}{source} (load {e['load_s']:.2f} s)")
             elif kind == "ckpt_skipped":
                 say(f"  checkpoint skipped: {e['path']}: {e['reason']}")
         self.seen = len(events)
@@ -220,6 +223,7 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
                 pod.trainer.resolved_argv(env),
                 process_env(env),
                 out / "logs" / f"pod-{index}.log",
+                fresh_dirs=tuple(Path(env[k]) for k in ("SNAPSHOT_DIR",) if k in env),
             )
         )
 
@@ -298,6 +302,8 @@ def report(run_dir: Path, out: Path, job_ok: bool) -> dict[str, Any]:
                 "step": f["step"],
                 "ranks": f["ranks"],
                 "steps_recomputed": f["steps_recomputed"],
+                "restored_from": f.get("restored_from"),
+                "restored_step": f.get("restored_step"),
             }
             for f in summary["faults"]
         ],
@@ -342,6 +348,11 @@ def print_report(r: dict[str, Any], out: Path) -> None:
             f"  {f['type']:<10} step {f['step']:<3} rank{'s' if len(f['ranks']) > 1 else ''} {ranks:<4} "
             f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
             f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
+            + (
+                f" (restored step {f['restored_step']} from {f['restored_from']})"
+                if f.get("restored_from")
+                else ""
+            )
         )
         if f.get("takeover"):
             took = f["takeover"]

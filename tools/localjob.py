@@ -9,6 +9,7 @@ The pods themselves (process trees killed whole) are tools/localpod.py.
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,9 @@ class PodSpec:
     argv: Sequence[str]
     env: Mapping[str, str]
     log_path: Path
+    fresh_dirs: tuple[Path, ...] = ()
+    """Emptied before each pod of this index starts: a pod's emptyDir volumes (its /dev/shm) do not
+    survive into its replacement."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,9 @@ class LocalJob:
         attempt = self._attempt.get(index, -1) + 1
         self._attempt[index] = attempt
         self._disrupted.discard(index)
+        for directory in spec.fresh_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir(parents=True)
         pod = LocalPod(spec.name, spec.argv, spec.env, spec.log_path)
         pod.start()
         self._pods[index] = pod

@@ -22,6 +22,8 @@ from trainer.faults import FAULT_KINDS, FaultSpec, parse_fault
 from trainer.flags import FlagParser
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
+from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DIR
+from trainer.snapshot.config import SnapshotConfig
 
 Device = Literal["auto", "cpu", "cuda"]
 
@@ -71,6 +73,8 @@ class TrainConfig:
     max_repeated_faults: int = 3
     """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
     this many times in a row: a deterministic bug, not a transient fault."""
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    """In-memory snapshots (trainer/snapshot/): the restore point of tier 1 and tier 2."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -110,6 +114,15 @@ class TrainConfig:
         for name, value in asdict(self.timeouts).items():  # inf would pass the nesting as the outermost
             if value is not None and not math.isfinite(value):  # None: a derived default
                 raise ConfigError(name, f"must be a finite number of seconds, got {value}")
+        if self.snapshot.interval_steps < 0:
+            raise ConfigError(
+                "snapshot_interval", f"must be >= 0 (0 = off), got {self.snapshot.interval_steps}"
+            )
+        if self.snapshot.enabled and self.snapshot.dir.resolve() in (
+            self.ckpt.dir.resolve(),
+            *([self.ckpt.local_dir.resolve()] if self.ckpt.local_dir else []),
+        ):
+            raise ConfigError("snapshot_dir", "must differ from the checkpoint directories")
         try:
             self.timeouts.check()
         except TimeoutNestingError as exc:
@@ -162,6 +175,15 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     p.add_argument("--seed", type=int, default=1234, help="seed of model init and data order")
     ckpt_config.add_arguments(p)
+    p.add_argument(
+        "--snapshot-interval",
+        type=int,
+        default=0,
+        help="copy model, optimizer and trainer state into host memory every N steps (0 = off)",
+    )
+    p.add_argument(
+        "--snapshot-dir", type=Path, default=SNAPSHOT_DIR, help="memory-backed dir for the snapshots"
+    )
     p.add_argument(
         "--out-dir", type=Path, default=Path("out/run"), help="events, summary.json, fault markers"
     )
@@ -259,4 +281,5 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         metrics_linger=args.metrics_linger,
         device=args.device,
         max_repeated_faults=args.max_repeated_faults,
+        snapshot=SnapshotConfig(interval_steps=args.snapshot_interval, dir=args.snapshot_dir),
     )

@@ -194,6 +194,7 @@ def _fault_report(
         "detection_s": float(detected["t"]) - t_fault if detected is not None else None,
         "detection_reason": detected.get("reason") if detected is not None else None,
         "restored_step": int(restore_after["step"]) if restore_after is not None else None,
+        "restored_from": restore_after.get("source") if restore_after is not None else None,
         "mttr_s": float(after[0]["t_start"]) - t_fault if after else None,
         "steps_recomputed": recomputed,
         "time_to_new_progress_s": float(progress["t_start"]) - t_fault if progress is not None else None,
@@ -292,10 +293,27 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
             "failed": len(failed),
             "failures": [{"step": e["step"], "reason": e["reason"]} for e in failed],
         },
-        "restores": [{"step": r["step"], "path": r["path"], "load_s": r["load_s"]} for r in restores],
+        "snapshot": _snapshot_stats(by_ev.get("snapshot", [])),
+        "restores": [
+            {"step": r["step"], "path": r["path"], "load_s": r["load_s"], "source": r.get("source")}
+            for r in restores
+        ],
         "faults": fault_reports,
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
+    }
+
+
+def _snapshot_stats(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per snapshot (one step of one process incarnation) the slowest rank's blocked time; bytes per rank."""
+    blocked: dict[tuple[int, int, int], float] = {}
+    for e in events:
+        key = (int(e["step"]), int(e["restart"]), int(e["iteration"]))
+        blocked[key] = max(blocked.get(key, 0.0), float(e["blocked_s"]))
+    return {
+        "snapshots": len(blocked),
+        "blocked_s": _stats(blocked.values()),
+        "bytes_per_rank": max((int(e["bytes"]) for e in events), default=0),
     }
 
 

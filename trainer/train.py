@@ -44,6 +44,8 @@ from trainer.metrics import EventLog, write_summary
 from trainer.model import build_model
 from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports
+from trainer.snapshot.config import run_fingerprint
+from trainer.snapshot.manager import Snapshots
 from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
@@ -186,10 +188,11 @@ def _train_steps(
     faults: FaultInjector,
     heartbeat: Any,
     call_wrapper: Any,
+    snapshots: Snapshots,
 ) -> int:
     """Restore, then run the remaining steps; returns the last step done. Reads everything via `s`."""
     assert s.trainer is not None and s.model is not None and s.optim is not None
-    restored = s.ckpt.restore(s.state())
+    restored = snapshots.restore(s.ckpt, s.state(), next(s.model.parameters()).device, events)
     if restored >= 0 and s.trainer.step != restored:
         raise RuntimeError(f"checkpoint of step {restored} holds trainer step {s.trainer.step}")
     heartbeat.start()
@@ -220,6 +223,9 @@ def _train_steps(
                 loss=loss_buf.item() / proc.world_size,
                 tokens=tokens,
             )
+        snap = snapshots.after_step(step, s.state())
+        if snap is not None:
+            events.emit("snapshot", step=step, blocked_s=snap.blocked_s, copy_s=snap.copy_s, bytes=snap.bytes)
         heartbeat.beat()
         if call_wrapper is not None:
             call_wrapper.ping()
@@ -300,6 +306,9 @@ class Trainer:
         from trainer.resilience.heartbeat import Heartbeat
 
         self.heartbeat = Heartbeat.from_env()
+        self.snapshots = Snapshots(
+            cfg.snapshot, rank=self.proc.rank, world_size=self.proc.world_size, fingerprint=_fingerprint(cfg)
+        )
         self.store: dist.Store | None = None
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
         self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
@@ -345,7 +354,14 @@ class Trainer:
                 self.device,
             )
             self.last_step = _train_steps(
-                self.cfg, self.proc, session, self.events, self.faults, self.heartbeat, call_wrapper
+                self.cfg,
+                self.proc,
+                session,
+                self.events,
+                self.faults,
+                self.heartbeat,
+                call_wrapper,
+                self.snapshots,
             )
             assert session.model is not None and session.optim is not None
             digest = state_sha256(session.model, session.optim)
@@ -358,6 +374,7 @@ class Trainer:
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
             if self.proc.rank == 0:
                 write_summary(self.cfg.out_dir)
+            self.snapshots.finish()
             session.teardown()
             return digest
         except BaseException as exc:
@@ -375,6 +392,21 @@ class Trainer:
                 session.teardown()  # a half-done teardown keeps the sockets open: finish it
                 raise
             raise
+
+
+def _fingerprint(cfg: TrainConfig) -> str:
+    """What makes a snapshot this run's: the values that decide the trajectory, and its checkpoint dir."""
+    return run_fingerprint(
+        {
+            "preset": cfg.preset,
+            "data": str(cfg.data_path.resolve()),
+            "seq_len": cfg.seq_len,
+            "micro_batch_size": cfg.micro_batch_size,
+            "lr": cfg.lr,
+            "seed": cfg.seed,
+            "ckpt_dir": str(cfg.ckpt.dir.resolve()),
+        }
+    )
 
 
 def _drop_frames(exc: BaseException) -> None:

@@ -51,6 +51,8 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--ckpt-write-timeout=%v" $v.ckptWriteTimeout | quote }}
 - --ckpt-failure-limit={{ int $v.ckptFailureLimit }}
 - {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
+- --snapshot-interval={{ int $v.snapshotInterval }}
+- --snapshot-dir=$(SNAPSHOT_DIR)
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
 - {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
 - {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}
@@ -97,6 +99,8 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
   value: {{ printf "%s/checkpoints/%s" (include "trainer.localNvmeMount" .) $run | quote }}
 - name: OUT_DIR
   value: {{ printf "%s/runs/%s" (trimSuffix "/" $v.storage.mountPath) $run | quote }}
+- name: SNAPSHOT_DIR
+  value: /dev/shm/trainer-snapshots
 - name: PYTHONUNBUFFERED
   value: "1"
 - name: NCCL_DEBUG

@@ -51,7 +51,10 @@ class CheckpointLoop:
                 self.events.emit("ckpt_skipped", path=skipped.path, reason=skipped.reason)
         if result.step < 0 and result.committed and not self.cfg.allow_fresh_start:
             raise NoLoadableCheckpoint(str(self.cfg.dir), [(s.path, s.reason) for s in result.skipped])
-        self.events.emit("restore", step=result.step, path=str(result.path or ""), load_s=result.load_s)
+        source = "fsx" if result.step >= 0 else "none"  # Contract 3 (snapshots add memory and shm)
+        self.events.emit(
+            "restore", step=result.step, path=str(result.path or ""), load_s=result.load_s, source=source
+        )
         self.restored_step = result.step
         return result.step
 

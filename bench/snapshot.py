@@ -1,0 +1,164 @@
+"""Snapshot cost: what a host-memory snapshot blocks, what it holds, and how fast each source restores.
+
+    python -m bench.snapshot [--mib 64 256 ...] [--reps 5] [--dir /dev/shm/...] --out results.json
+
+For each size (MiB of model + AdamW state per rank) one process builds a stack of linear layers whose
+parameters and two AdamW moments take that much, runs one optimizer step (so the moments exist), and
+measures with the real trainer.snapshot code:
+- floor_s:       one copy of the same tensors into preallocated host buffers (the least any snapshot
+                 can block: the one-copy floor the issue compares against);
+- blocked_s:     SnapshotStore.write as the loop sees it (the copy; the checksum and header follow in a
+                 background thread, so they do not count unless the next snapshot has to wait for them);
+- commit_s:      that background part (CRC32 of the payload + header), measured by the following wait();
+- restore memory: offers (header + CRC verification) + load + set_state_dict, same process (tier 1);
+- restore shm:   the same from a fresh SnapshotStore on the files (what a restarted worker does);
+- restore fsx:   CheckpointManager.load_latest of a sync DCP checkpoint of the same state (local disk here);
+- host_bytes:    the two slots a rank keeps (double buffering), the extra host memory per rank.
+One gloo rank (the codec stores local shards; sharding does not change the per-rank cost). Timings on a
+shared 2-core machine are noisy: read the medians with their spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+LAYER_DIM = 512  # one Linear(512, 512): 1 MiB of fp32 weights, 3 MiB with AdamW's two moments
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    vals = sorted(float(v) for v in values)
+    return {"median": statistics.median(vals), "min": vals[0], "max": vals[-1], "n": len(vals)}
+
+
+def _state(mib: int) -> dict[str, Any]:
+    import torch
+
+    layers = max(1, mib // 3)
+    model = torch.nn.Sequential(*[torch.nn.Linear(LAYER_DIM, LAYER_DIM, bias=False) for _ in range(layers)])
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, LAYER_DIM)).sum().backward()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    return {"model": model, "optim": optim}
+
+
+def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
+    import torch
+
+    from trainer.checkpoint import CheckpointConfig, CheckpointManager
+    from trainer.checkpoint.state import apply_loaded, build_save_dict
+    from trainer.snapshot import codec
+    from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+
+    state = _state(mib)
+    save = build_save_dict(state, 0)
+    _, tensors = codec.flatten(save)
+    buffers = [torch.empty_like(t) for t in tensors]
+    store = SnapshotStore(shm, rank=0, world_size=1, fingerprint="bench")
+    store.write(-1, save)  # warm-up: the first write allocates the tmpfs pages
+    store.wait()
+    floor, blocked, commit = [], [], []
+    for i in range(reps):
+        t0 = time.perf_counter()
+        for b, t in zip(buffers, tensors, strict=True):
+            b.copy_(t)
+        floor.append(time.perf_counter() - t0)
+        result = store.write(i, build_save_dict(state, 0))
+        blocked.append(result.blocked_s)
+        t1 = time.perf_counter()
+        store.wait()
+        commit.append(time.perf_counter() - t1)
+    payload = result.bytes
+
+    def restore_from(s: SnapshotStore) -> float:
+        t0 = time.perf_counter()
+        (offer, *_), _ = s.offers()
+        template = build_save_dict(state, 0)
+        skel, ts = codec.flatten(template)
+        apply_loaded(state, s.load(offer, template, codec.layout_id(skel, codec.plan(ts)[0])), 0)
+        return time.perf_counter() - t0
+
+    memory = [restore_from(store) for _ in range(reps)]
+    shm_times = []
+    for _ in range(reps):
+        fresh = SnapshotStore(shm, rank=0, world_size=1, fingerprint="bench")
+        shm_times.append(restore_from(fresh))
+        fresh.close()
+    ckpt = CheckpointManager(CheckpointConfig(dir=ckpt_dir, mode="sync"), rank=0, world_size=1)
+    ckpt.save(0, state)
+    fsx = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        ckpt.load_latest(state)
+        fsx.append(time.perf_counter() - t0)
+    ckpt.close()
+    store.remove()
+    return {
+        "mib": mib,
+        "payload_bytes": payload,
+        "host_bytes": 2 * (payload + HEADER_BYTES),
+        "floor_s": spread(floor),
+        "blocked_s": spread(blocked),
+        "blocked_over_floor": statistics.median(blocked) / statistics.median(floor),
+        "commit_s": spread(commit),
+        "restore_s": {"memory": spread(memory), "shm": spread(shm_times), "fsx": spread(fsx)},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.snapshot", description=__doc__.splitlines()[0])
+    p.add_argument("--mib", type=int, nargs="+", default=[64, 256], help="MiB of state per rank")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dir", type=Path, default=Path("/dev/shm"), help="tmpfs for the snapshot slots")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    if any(m < 3 for m in args.mib) or args.reps < 1:
+        p.error("--mib: each >= 3; --reps: >= 1")
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)  # the checkpoint manager needs a group
+    rows = []
+    try:
+        for mib in args.mib:
+            with tempfile.TemporaryDirectory(dir=args.dir) as shm, tempfile.TemporaryDirectory() as ckpt:
+                row = measure(mib, args.reps, Path(shm), Path(ckpt))
+            rows.append(row)
+            r = row["restore_s"]
+            print(
+                f"{mib:>5} MiB/rank: blocked {row['blocked_s']['median'] * 1e3:.1f} ms "
+                f"(floor {row['floor_s']['median'] * 1e3:.1f} ms, x{row['blocked_over_floor']:.2f}), "
+                f"commit {row['commit_s']['median'] * 1e3:.1f} ms, host {row['host_bytes'] / 2**20:.0f} MiB, "
+                f"restore memory {r['memory']['median']:.3f} s shm {r['shm']['median']:.3f} s "
+                f"fsx {r['fsx']['median']:.3f} s",
+                flush=True,
+            )
+    finally:
+        dist.destroy_process_group()
+    out = {
+        "rows": rows,
+        "config": {"reps": args.reps, "dir": str(args.dir), "cpus": os.cpu_count(), "host": platform.node()},
+        "note": "one CPU rank; /dev/shm tmpfs; fsx = local disk here",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

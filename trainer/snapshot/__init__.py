@@ -1,0 +1,14 @@
+"""In-memory snapshots: a fault costs at most the steps since the last snapshot (one, at interval 1).
+
+- config.py:  SnapshotConfig (interval, directory) and the run fingerprint (no torch: --check-config).
+- codec.py:   a checkpoint save dict <-> JSON skeleton + the rank's local tensors (FSDP2 shards).
+- store.py:   SnapshotStore: two slots per rank in files on tmpfs (/dev/shm), header written last,
+              CRC32 computed off the loop; offers only verified snapshots of this run, world size, rank.
+- budget.py:  do the slots fit in the pod's /dev/shm? (an UnrecoverableError naming snapshot_dir if not)
+- restore.py: every rank agrees on the newest step all can restore (memory, shm), else the durable
+              checkpoint; the `restore` event's `source` says which.
+- manager.py: what the training loop calls (one object per process, surviving in-process restarts).
+
+Not implemented yet: peer replicas on another node (`peer`), the node-local NVMe tier (`local`).
+Importing this package does not import torch (trainer/config.py imports config.py).
+"""

@@ -1,0 +1,80 @@
+"""What the training loop calls: snapshot after a step, restore before the first step, clean up at the end.
+
+One `Snapshots` object per process (held by trainer.train.Trainer), so an in-process restart (tier 1)
+finds the snapshot its previous iteration wrote still mapped (`memory`), and a restarted worker (tier 2)
+finds it in /dev/shm (`shm`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.state import build_save_dict
+from trainer.snapshot.budget import adamw_estimate, check_fits
+from trainer.snapshot.config import SnapshotConfig
+from trainer.snapshot.restore import Restored, restore
+from trainer.snapshot.store import SnapshotStore, WriteResult
+
+log = logging.getLogger(__name__)
+
+
+class Snapshots:
+    """Snapshot policy of one process; a disabled config makes every call a no-op but `restore`."""
+
+    def __init__(self, cfg: SnapshotConfig, *, rank: int, world_size: int, fingerprint: str) -> None:
+        self.cfg, self.rank = cfg, rank
+        self.local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.store = (
+            SnapshotStore(cfg.dir, rank=rank, world_size=world_size, fingerprint=fingerprint)
+            if cfg.enabled
+            else None
+        )
+        self._checked_bytes = 0
+        self.restored: Restored | None = None
+
+    def check_budget(self, model: torch.nn.Module) -> None:
+        """Before the first step: do two snapshots per local rank fit? (estimated from the parameters)."""
+        if self.store is None:
+            return
+        params = list(model.parameters())
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        estimate = adamw_estimate(sum(t.numel() * t.element_size() for t in local), len(local))
+        check_fits(self.cfg.dir, estimate, local_ranks=self.local_ranks)
+        if local and local[0].is_cuda:
+            self.store.pin()
+
+    def restore(self, ckpt: Any, state: dict[str, Any], device: torch.device, events: Any) -> int:
+        """Check the memory budget, then restore (snapshot or durable checkpoint); the step restored."""
+        self.check_budget(state["model"])
+        return self.last_restore(
+            restore(self.store, ckpt, state, rank=self.rank, device=device, events=events)
+        )
+
+    def last_restore(self, restored: Restored) -> int:
+        self.restored = restored
+        return restored.step
+
+    def after_step(self, step: int, state: dict[str, Any]) -> WriteResult | None:
+        """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so."""
+        if self.store is None or not self.cfg.due(step):
+            return None
+        save_dict = build_save_dict(state, self.rank)
+        result = self.store.write(step, save_dict)
+        if result.bytes > self._checked_bytes:  # the exact size, once known (and if it ever grows)
+            check_fits(self.cfg.dir, result.bytes, local_ranks=self.local_ranks)
+            self._checked_bytes = result.bytes
+        return result
+
+    def finish(self) -> None:
+        """The run completed: free the pod's memory (a later run must not resume a finished one)."""
+        if self.store is not None:
+            self.store.remove()
+
+    @property
+    def directory(self) -> Path:
+        return self.cfg.dir

@@ -1,0 +1,140 @@
+"""Where a (re)started rank gets its state: agreed by every rank before any rank loads.
+
+Sources, newest first: `memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a
+snapshot left in the pod's /dev/shm by an earlier worker process: tier 2, worker restart), the durable
+checkpoint (`fsx`), or nothing (`none`, a fresh start). Contract 3 lists them as the `restore` event's
+`source`.
+
+The agreement is one small all_gather on the training group: each rank offers the steps of its verified
+snapshots (checksum, run, world size, rank) and rank 0 adds the newest committed durable step. Every
+rank then restores the newest step that every rank can restore from memory, if it is at least as new
+as the durable checkpoint; after loading, one more all_reduce confirms that every rank succeeded.
+If any rank failed, that step is struck off and the group agrees again, down to the durable checkpoint:
+a rank never resumes at a step its peers do not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.checkpoint import layout
+from trainer.checkpoint.state import apply_loaded, build_save_dict
+from trainer.snapshot import codec
+from trainer.snapshot.store import Offer, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+OFFERED = 2
+"""Steps each rank offers (one per slot)."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    """Last step included in the restored state; -1 = nothing restored (fresh start)."""
+    source: str
+    """memory, shm, fsx or none (Contract 3)."""
+    path: str
+    load_s: float
+    skipped: list[Any] = field(default_factory=list)
+    """Durable checkpoints passed over (reported by the CheckpointLoop's own events)."""
+    refused: list[str] = field(default_factory=list)
+    """This rank's snapshots that were not offered, with why."""
+
+
+def restore(
+    store: SnapshotStore | None,
+    ckpt: Any,
+    state: dict[str, Any],
+    *,
+    rank: int,
+    device: torch.device,
+    events: Any,
+) -> Restored:
+    """Restore `state` in place from the newest source every rank has. A collective: all ranks call it.
+
+    `ckpt` is the loop's CheckpointLoop: its `restore` is the durable fallback (it emits that `restore`
+    event itself, and applies the resume policy); a snapshot restore emits its own here.
+    """
+    t0 = time.perf_counter()
+    offers, rejected = store.offers() if store is not None else ([], [])
+    refused = [f"slot {r.slot}: {r.reason}" for r in rejected]
+    for reason in refused:
+        log.warning("snapshot not offered: %s", reason)
+    durable = _newest_durable_step(ckpt) if rank == 0 else -1
+    mine = [o.header.step for o in offers][:OFFERED]
+    row = torch.tensor(mine + [-1] * (OFFERED - len(mine)) + [durable], dtype=torch.int64, device=device)
+    rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, row)
+    table = [r.tolist() for r in rows]
+    durable = int(table[0][OFFERED])
+    common = set.intersection(*({s for s in r[:OFFERED] if s >= 0} for r in table))
+    tried_template = False
+    for step in sorted(common, reverse=True):
+        if step < durable:
+            break
+        offer = next(o for o in offers if o.header.step == step)
+        tried_template = True
+        error = _load_snapshot(store, offer, state, rank)
+        if _all_succeeded(error is None, device):
+            assert store is not None
+            store.discard_newer_than(step)
+            source = "memory" if offer.written_here else "shm"
+            path, load_s = str(store.path(offer.slot)), time.perf_counter() - t0
+            events.emit("restore", step=step, path=path, load_s=load_s, source=source)
+            return Restored(step, source, path, load_s, [], refused)
+        log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
+        refused.append(f"step {step}: {error or 'failed on another rank'}")
+    result = ckpt.restore(state)
+    if result < 0 and tried_template:
+        # A failed snapshot load may have overwritten part of the live state, and there is no durable
+        # checkpoint to overwrite it again: start over in fresh objects, without those snapshots.
+        assert store is not None
+        store.discard_newer_than(min(common) - 1)
+        raise RuntimeError("a snapshot restore failed part-way and no checkpoint exists: restarting")
+    if result < 0:
+        _reset_optimizer(state)
+    if store is not None:
+        store.discard_newer_than(result)
+    source = "fsx" if result >= 0 else "none"
+    return Restored(result, source, "", time.perf_counter() - t0, [], refused)
+
+
+def _load_snapshot(store: SnapshotStore | None, offer: Offer, state: dict[str, Any], rank: int) -> str | None:
+    try:
+        assert store is not None
+        template = build_save_dict(state, rank)
+        skeleton, tensors = codec.flatten(template)
+        expected = codec.layout_id(skeleton, codec.plan(tensors)[0])
+        loaded = store.load(offer, template, expected)
+        apply_loaded(state, loaded, rank)
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _all_succeeded(ok: bool, device: torch.device) -> bool:
+    flag = torch.tensor([0 if ok else 1], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) == 0
+
+
+def _newest_durable_step(ckpt: Any) -> int:
+    """Newest committed durable step (unverified: load_latest verifies and may fall back further)."""
+    candidates, _ = layout.scan(ckpt.cfg.dir)
+    return max((c.step for c in candidates if c.problem is None), default=-1)
+
+
+def _reset_optimizer(state: dict[str, Any]) -> None:
+    """Building a state-dict template (for a checkpoint that then failed to load) runs the optimizer
+    once with lr 0 to create its state; a fresh start must not keep it (AdamW's step counter would be
+    one ahead of a run that never looked)."""
+    optim = state.get("optim")
+    if optim is not None:
+        optim.state.clear()

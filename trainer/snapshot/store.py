@@ -1,0 +1,368 @@
+"""Per-rank, double-buffered host-memory snapshots in files on a tmpfs (the pod's /dev/shm).
+
+A snapshot is one file per slot, `<dir>/rank<R>.slot<0|1>`: a 4 KiB header, then the payload (every
+local tensor at an aligned offset, then the JSON skeleton of codec.py). A file on tmpfs is a named
+shared-memory segment: its pages outlive the process that wrote it (a SIGKILLed worker's snapshot is
+still there for the launcher's next worker), and cost host memory, never disk.
+
+What makes a slot trustworthy:
+- Double buffering: a write goes to the slot *not* holding the newest committed snapshot, so a fault at
+  any moment of a write leaves the other slot whole.
+- The header is written last. A write first zeroes the slot's magic, copies the tensors, and a helper
+  thread computes the payload's CRC32 and then writes the header (JSON + its own CRC) and the magic.
+  A slot without its magic, or whose CRCs do not match, is never offered for a restore.
+- The header says whose it is: run fingerprint, world size, rank and layout id. A snapshot of another
+  run, world size or rank is refused (with the reason), never loaded.
+
+What blocks the training loop is only the copy (plus, if the previous snapshot's checksum is still
+being computed, the wait for it). On a GPU the copy is a device-to-host memcpy into these pages;
+registering them as pinned memory lets it run asynchronously (see `pin`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.snapshot import codec
+
+log = logging.getLogger(__name__)
+
+HEADER_BYTES = 4096
+MAGIC = b"TRSNAP01"
+VERSION = 1
+_LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Header:
+    step: int
+    fingerprint: str
+    world_size: int
+    rank: int
+    layout: str
+    tensor_bytes: int
+    skeleton_bytes: int
+    crc32: int
+    pid: int
+    written_at: float
+    version: int = VERSION
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.tensor_bytes + self.skeleton_bytes
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A verified snapshot this rank can restore from."""
+
+    slot: int
+    header: Header
+    written_here: bool
+    """Written by this very process (an in-process restart): the source is `memory`, else `shm`."""
+
+
+@dataclass(frozen=True)
+class Rejected:
+    slot: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    blocked_s: float
+    """Seconds the caller waited: wait_s + copy_s."""
+    wait_s: float
+    """Waiting for the previous snapshot's checksum and header (overlapped with a step, normally 0)."""
+    copy_s: float
+    bytes: int
+    """Payload bytes of this snapshot (tensors + skeleton)."""
+
+
+class SnapshotStore:
+    """One rank's two snapshot slots. Lives as long as the process (it survives in-process restarts)."""
+
+    def __init__(self, directory: Path, *, rank: int, world_size: int, fingerprint: str) -> None:
+        self.dir = Path(directory)
+        self.rank, self.world_size, self.fingerprint = rank, world_size, fingerprint
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._maps: dict[int, _Mapping] = {}
+        self._written_here: dict[int, int] = {}  # slot -> step this process committed there
+        self._pending: threading.Thread | None = None
+        self._pending_error: BaseException | None = None
+        self._pinned = False
+
+    def path(self, slot: int) -> Path:
+        return self.dir / f"rank{self.rank}.slot{slot}"
+
+    # ------------------------------------------------------------------------------------------ write
+    def write(
+        self, step: int, save_dict: dict[str, Any], *, crash_after_bytes: int | None = None
+    ) -> WriteResult:
+        """Copy `save_dict` (a checkpoint save dict) into the free slot; commit it in the background.
+
+        `crash_after_bytes` is for tests: raise after copying that many tensor bytes (a fault mid-copy).
+        """
+        t0 = time.perf_counter()
+        self.wait()
+        t_wait = time.perf_counter()
+        skeleton, tensors = codec.flatten(save_dict)
+        slots, tensor_bytes = codec.plan(tensors)
+        skel = json.dumps({"skeleton": skeleton, "tensors": [s.__dict__ for s in slots]}).encode()
+        layout = codec.layout_id(skeleton, slots)
+        slot = self._free_slot()
+        m = self._mapping(slot, HEADER_BYTES + tensor_bytes + len(skel))
+        m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)  # invalid from here until the header is rewritten
+        self._written_here.pop(slot, None)
+        copied = 0
+        for t, s in zip(tensors, slots, strict=True):
+            if crash_after_bytes is not None and copied + s.nbytes > crash_after_bytes:
+                raise RuntimeError(f"injected crash after {copied} bytes of snapshot {step}")
+            if s.nbytes:
+                dst = m.view(HEADER_BYTES + s.offset, s.nbytes, t.dtype, s.shape)
+                dst.copy_(t.detach(), non_blocking=True)
+            copied += s.nbytes
+        m.buf[HEADER_BYTES + tensor_bytes : HEADER_BYTES + tensor_bytes + len(skel)] = skel
+        done = _copy_done_marker(tensors)
+        t_copy = time.perf_counter()
+        header = dict(
+            step=step, fingerprint=self.fingerprint, world_size=self.world_size, rank=self.rank,
+            layout=layout, tensor_bytes=tensor_bytes, skeleton_bytes=len(skel), pid=os.getpid(),
+        )  # fmt: skip
+        self._pending_error = None
+        self._pending = threading.Thread(
+            target=self._commit, args=(slot, m, header, done), name=f"snapshot-commit-{step}", daemon=True
+        )
+        self._pending.start()
+        return WriteResult(t_copy - t0, t_wait - t0, t_copy - t_wait, tensor_bytes + len(skel))
+
+    def _commit(self, slot: int, m: _Mapping, fields: dict[str, Any], done: Any) -> None:
+        try:
+            if done is not None:
+                done.synchronize()  # the asynchronous device-to-host copies have landed
+            end = HEADER_BYTES + fields["tensor_bytes"] + fields["skeleton_bytes"]
+            crc = zlib.crc32(m.buf[HEADER_BYTES:end])  # releases the GIL: overlaps the next step
+            body = json.dumps({**fields, "crc32": crc, "written_at": time.time(), "version": VERSION})
+            raw = body.encode()
+            if len(MAGIC) + 2 * _LEN.size + len(raw) > HEADER_BYTES:
+                raise ValueError("snapshot header does not fit in its 4 KiB")
+            at = len(MAGIC)
+            m.buf[at : at + _LEN.size] = _LEN.pack(len(raw))
+            m.buf[at + _LEN.size : at + _LEN.size + len(raw)] = raw
+            tail = at + _LEN.size + len(raw)
+            m.buf[tail : tail + _LEN.size] = _LEN.pack(zlib.crc32(raw))
+            m.buf[0 : len(MAGIC)] = MAGIC  # the moment the slot becomes valid
+            self._written_here[slot] = int(fields["step"])
+        except BaseException as exc:  # reported by the next wait(); the slot stays invalid
+            self._pending_error = exc
+
+    def wait(self) -> None:
+        """Wait until the last write is committed. A failed commit is logged: that slot stays invalid."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+            if self._pending_error is not None:
+                log.warning("snapshot commit failed (slot left invalid): %s", self._pending_error)
+                self._pending_error = None
+
+    def _free_slot(self) -> int:
+        """The slot not holding the newest valid snapshot (slot 0 when neither holds one)."""
+        headers = {slot: self._read_header(slot)[0] for slot in (0, 1)}
+        steps = {slot: (h.step if h is not None else -2) for slot, h in headers.items()}
+        return 1 if steps[0] > steps[1] else 0
+
+    # ------------------------------------------------------------------------------------------- read
+    def offers(self) -> tuple[list[Offer], list[Rejected]]:
+        """Verified snapshots of this run and rank, newest first, and why the others were refused."""
+        self.wait()
+        good, bad = [], []
+        for slot in (0, 1):
+            header, reason = self._read_header(slot)
+            if header is None:
+                if reason is not None:
+                    bad.append(Rejected(slot, reason))
+                continue
+            reason = self._refusal(header) or self._payload_problem(slot, header)
+            if reason is not None:
+                bad.append(Rejected(slot, reason))
+                continue
+            here = self._written_here.get(slot) == header.step and header.pid == os.getpid()
+            good.append(Offer(slot, header, here))
+        good.sort(key=lambda o: o.header.step, reverse=True)
+        return good, bad
+
+    def _refusal(self, h: Header) -> str | None:
+        if h.version != VERSION:
+            return f"format version {h.version}, expected {VERSION}"
+        if h.fingerprint != self.fingerprint:
+            return f"another run (fingerprint {h.fingerprint}, this run {self.fingerprint})"
+        if h.world_size != self.world_size:
+            return f"world size {h.world_size}, this run has {self.world_size}"
+        if h.rank != self.rank:
+            return f"rank {h.rank}'s snapshot, this is rank {self.rank}"
+        return None
+
+    def _payload_problem(self, slot: int, h: Header) -> str | None:
+        m = self._mapping(slot, None)
+        end = HEADER_BYTES + h.payload_bytes
+        if m is None or m.size < end:
+            return "payload truncated"
+        if zlib.crc32(m.buf[HEADER_BYTES:end]) != h.crc32:
+            return "payload checksum mismatch"
+        return None
+
+    def load(self, offer: Offer, template: dict[str, Any], expected_layout: str) -> dict[str, Any]:
+        """The template filled from the offered snapshot (tensors copied in place). Raises ValueError
+        when the layout differs (another model, optimizer or sharding) or the slot changed meanwhile."""
+        h = offer.header
+        if h.layout != expected_layout:
+            raise ValueError(f"snapshot layout {h.layout} differs from this run's {expected_layout}")
+        m = self._mapping(offer.slot, None)
+        if m is None:
+            raise ValueError("snapshot slot disappeared")
+        start = HEADER_BYTES + h.tensor_bytes
+        meta = json.loads(bytes(m.buf[start : start + h.skeleton_bytes]))
+        slots = [
+            codec.TensorSlot(s["dtype"], tuple(s["shape"]), s["offset"], s["nbytes"]) for s in meta["tensors"]
+        ]
+
+        def source(i: int) -> torch.Tensor:
+            s = slots[i]
+            return m.view(HEADER_BYTES + s.offset, s.nbytes, codec.dtype_of(s.dtype), s.shape)
+
+        filled = codec.fill(template, meta["skeleton"], source)
+        current, _ = self._read_header(offer.slot)
+        if current != h:  # the bytes were overwritten while being read: never expected, never silent
+            raise ValueError("snapshot slot changed while loading")
+        return filled
+
+    def _read_header(self, slot: int) -> tuple[Header | None, str | None]:
+        """(header, None) for a committed slot; (None, reason) for a damaged one; (None, None) if absent."""
+        m = self._mapping(slot, None)
+        if m is None:
+            return None, None
+        if m.size < HEADER_BYTES or bytes(m.buf[0 : len(MAGIC)]) != MAGIC:
+            return None, "incomplete (a write was interrupted)"
+        at = len(MAGIC)
+        (n,) = _LEN.unpack(m.buf[at : at + _LEN.size])
+        if n > HEADER_BYTES - at - 2 * _LEN.size:
+            return None, "header length out of range"
+        raw = bytes(m.buf[at + _LEN.size : at + _LEN.size + n])
+        (crc,) = _LEN.unpack(m.buf[at + _LEN.size + n : at + 2 * _LEN.size + n])
+        if zlib.crc32(raw) != crc:
+            return None, "header checksum mismatch"
+        try:
+            return Header(**json.loads(raw)), None
+        except (TypeError, ValueError) as exc:
+            return None, f"unreadable header: {exc}"
+
+    # ------------------------------------------------------------------------------------ maintenance
+    def discard_newer_than(self, step: int) -> None:
+        """Invalidate slots newer than `step` (after restoring an older state, they are another past)."""
+        self.wait()  # a commit still in flight would otherwise validate its slot after this
+        for slot in (0, 1):
+            h, _ = self._read_header(slot)
+            if h is not None and h.step > step:
+                m = self._mapping(slot, None)
+                if m is not None:
+                    m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)
+                self._written_here.pop(slot, None)
+
+    def pin(self) -> None:
+        """Register the slots with CUDA as page-locked memory (async D2H copies); a no-op on CPU."""
+        self._pinned = torch.cuda.is_available()
+        for m in self._maps.values():
+            m.pin(self._pinned)
+
+    def remove(self) -> None:
+        """Delete this rank's slot files (a completed run frees the pod's memory)."""
+        self.close()
+        for slot in (0, 1):
+            self.path(slot).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.wait()
+        maps, self._maps = list(self._maps.values()), {}
+        for m in maps:
+            m.close()
+
+    def _mapping(self, slot: int, size: int | None) -> _Mapping | None:
+        """The slot's mapping; with `size`, created or resized to exactly that size."""
+        m = self._maps.get(slot)
+        if m is not None and m.closed:  # an asynchronous exception (the Wrapper's) cut a resize short
+            del self._maps[slot]
+            m = None
+        if size is None:
+            if m is None and self.path(slot).exists() and self.path(slot).stat().st_size > 0:
+                m = self._maps[slot] = _Mapping(self.path(slot), None)
+            return m
+        if m is None or m.size != size:
+            if m is not None:
+                del self._maps[slot]  # never leave a closed mapping reachable
+                m.close()
+            m = self._maps[slot] = _Mapping(self.path(slot), size)
+            m.pin(self._pinned)
+        return m
+
+
+class _Mapping:
+    """A shared, writable mmap of one slot file, with a uint8 tensor over it for typed views."""
+
+    def __init__(self, path: Path, size: int | None) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if size is not None:
+                os.ftruncate(fd, size)
+            self.size = size if size is not None else os.fstat(fd).st_size
+            self.mm = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self.mm)
+        self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self._registered = False
+        self.closed = False
+
+    def view(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.bytes[offset : offset + nbytes].view(dtype).view(shape)
+
+    def pin(self, on: bool) -> None:
+        if on and not self._registered:
+            rc = torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.size, 0)
+            self._registered = int(rc) == 0
+            if not self._registered:
+                log.warning("cudaHostRegister of a snapshot slot failed (%s): copies stay synchronous", rc)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self.bytes.data_ptr())
+            self._registered = False
+        del self.bytes
+        try:
+            self.buf.release()
+            self.mm.close()
+        except BufferError:  # a view is still referenced somewhere: the mapping goes when it does
+            log.debug("snapshot mapping still in use at close")
+
+
+def _copy_done_marker(tensors: list[torch.Tensor]) -> Any:
+    """A CUDA event after the device-to-host copies (None on CPU, where the copies are synchronous)."""
+    if any(t.is_cuda for t in tensors):
+        event = torch.cuda.Event()
+        event.record()
+        return event
+    return None
