@@ -50,6 +50,10 @@ def install(version: str, torch_version: str) -> Path:
     purelib = Path(sysconfig.get_paths()["purelib"])
     venv = Path(sys.prefix)
     target = venv / "nvrx"
+    if _installed_version(purelib) is not None:
+        # A venv set up before the move to 0.7 has pip's 0.4.1 in site-packages, which comes before the
+        # .pth folder on sys.path and would shadow it.
+        _pip("uninstall", "--yes", DIST)
     if _installed_version(target) != version:
         _pip(
             "install",
@@ -91,7 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         capture_output=True,
         text=True,
     )
-    print(f"installed {DIST} {out.stdout.strip()} in {target}")
+    found = out.stdout.strip()
+    if found != args.version:
+        print(f"error: {DIST} {found} is imported, not {args.version} from {target}", file=sys.stderr)
+        return 1
+    print(f"installed {DIST} {found} in {target}")
     return 0
 
 
