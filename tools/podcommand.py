@@ -58,6 +58,9 @@ class LocalPlaces:
             "OUT_DIR": str(out),
             "CHECKPOINT_DIR": str(self.ckpt_dir or out / "ckpt"),
             "LOCAL_CHECKPOINT_DIR": str(self.local_ckpt_dir or out.parent / f"{out.name}-local"),
+            # The pod's memory-backed /dev/shm on the cluster; one folder per run here, so runs never
+            # see each other's snapshots.
+            "SNAPSHOT_DIR": str(out.parent / f"{out.name}-shm"),
         }
 
 

@@ -28,6 +28,8 @@ RUN_VALUES: dict[str, Any] = {
     "ckptKeep": 3,
     "ckptMode": "sync",
     "seed": 11,
+    # Recovery from the durable checkpoint, as these tests assert it; the snapshot tests turn snapshots on.
+    "snapshotInterval": 0,
     # Nested as trainer/resilience/timeouts.py requires; short so a hang costs seconds, not minutes.
     "collectiveTimeout": 3,
     "inprocessSoftTimeout": 5,

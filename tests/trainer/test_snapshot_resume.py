@@ -15,12 +15,11 @@ import pytest
 
 from tests.trainer._jobs import (
     assert_completed,
-    ft_launcher,
     log_tail,
     of,
+    pod_command,
     read_events,
     run_job,
-    trainer_args,
 )
 
 
@@ -34,7 +33,7 @@ def test_faults_restore_from_memory_and_shm_recompute_at_most_one_step_and_end_e
     tmp_path: Path, token_file: Path
 ) -> None:
     clean, clean_log = tmp_path / "clean", tmp_path / "clean.log"
-    assert run_job([*ft_launcher(), *trainer_args(token_file, clean)], clean_log) == 0, log_tail(clean_log)
+    assert run_job(pod_command(token_file, clean), clean_log) == 0, log_tail(clean_log)
     assert_completed(clean, clean_log)
 
     shm = tmp_path / "shm"
@@ -42,7 +41,7 @@ def test_faults_restore_from_memory_and_shm_recompute_at_most_one_step_and_end_e
     # the checkpoint mode the chart ships (the clean run saves with sync: the writer must not matter)
     extra = ["--snapshot-interval=1", f"--snapshot-dir={shm}", "--ckpt-mode=nvrx"]
     faults = ["--fault=exception:step=4:rank=1", "--fault=sigkill:step=7:rank=0"]
-    argv = [*ft_launcher(), *trainer_args(token_file, faulty, *extra, *faults)]
+    argv = pod_command(token_file, faulty, *extra, *faults)
     # two faults, each with a process or iteration restart: a loaded 2-core machine needs the longer bound
     assert run_job(argv, faulty_log, timeout_s=600) == 0, log_tail(faulty_log)
     summary = assert_completed(faulty, faulty_log)
