@@ -35,7 +35,7 @@ TEXT_CASES: list[tuple[str, Callable[[str], str], str]] = [
         lambda t: t.replace(
             "    gpu_quota: 32\n", "    gpu_quota: 32\n    fsx:\n      storage_gib: 1200\n", 1
         ),
-        "invalid YAML at line 33, column 5: duplicate key 'fsx' (first at line 27; the second would silently",
+        "invalid YAML at line 34, column 5: duplicate key 'fsx' (first at line 28; the second would silently",
     ),
     (
         "duplicate top-level key",
