@@ -224,6 +224,8 @@ def _pod_argv(port: int, nnodes: int, nproc: int, out: Path, data: Path, extra: 
         "inprocessSoftTimeout": t["soft"],
         "inprocessHardTimeout": t["hard"],
         "inprocessBarrierTimeout": t["barrier"],
+        "inprocessLivenessTimeout": min(10, t["hard"]),  # must not exceed the hard timeout
+        "snapshotInterval": 0,  # these tests assert recovery from the durable checkpoint
     }
     return [*pod_argv(values, LocalPlaces(port, data, out)), *extra]
 
