@@ -499,7 +499,7 @@ def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | No
         from trainer.resilience.inprocess import GiveUp
 
         gave_up = isinstance(exc, GiveUp)
-    cause = exc.__cause__ if gave_up else exc
+    cause = (getattr(exc, "error", None) or exc.__cause__) if gave_up else exc
     if isinstance(cause, UnrecoverableError):
         record_unrecoverable(sys.argv[1:], cause, trainer.proc.rank, os.environ)
         print(error_line(cause), file=sys.stderr, flush=True)

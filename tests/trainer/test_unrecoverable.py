@@ -55,11 +55,6 @@ def ids_beyond_vocab_outside_the_sample(tmp_path_factory: pytest.TempPathFactory
     return path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="regression found at the NVRx 0.7 merge (issue 14 stays open): the worker prints the one line "
-    "but exits 1 instead of 93 and writes no unrecoverable.json, so ft_launcher 0.7 restarts it",
-)
 def test_out_of_range_token_met_in_training_costs_one_start(
     ids_beyond_vocab_outside_the_sample: Path, tmp_path: Path
 ) -> None:

@@ -156,7 +156,14 @@ def left_for_tier2(exc: BaseException) -> "LeaveToTier2 | None":
 
 class GiveUp(RestartAbort):
     """Leave the Wrapper without another iteration (RestartAbort is NVRx's "do not restart"): the
-    wrapped function raised an UnrecoverableError, or the same fault repeated (RepeatGuard)."""
+    wrapped function raised an UnrecoverableError, or the same fault repeated (RepeatGuard).
+
+    `error` keeps the UnrecoverableError itself: NVRx may re-raise this exception without its
+    `__cause__`, and the exit status (93, and the record that stops relaunches) depends on finding it."""
+
+    def __init__(self, message: str, error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 class FixedWorld(RankAssignment):
@@ -228,7 +235,7 @@ def run_inprocess(
         try:
             return fn(call_wrapper)
         except UnrecoverableError as exc:
-            raise GiveUp(str(exc)) from exc
+            raise GiveUp(str(exc), error=exc) from exc
         except Exception as exc:  # RankShouldRestart (a peer's fault) is a BaseException: not counted
             if guard is not None and guard.repeated(exc, failed_at()):
                 raise GiveUp(guard.describe()) from exc
