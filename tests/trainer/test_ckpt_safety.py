@@ -14,35 +14,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
-from tests.conftest import free_port
+from tests.trainer._ckpt import SMALL, Counter
 from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager, layout
 from trainer.model import ModelConfig, build_model
 
-SMALL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
 WIDER = ModelConfig(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
-
-
-class Counter:
-    """A minimal trainer Stateful: a step and this process's RNG state."""
-
-    def __init__(self) -> None:
-        self.step = -1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "rng": torch.get_rng_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        torch.set_rng_state(state["rng"])
 
 
 class RankShouldRestart(BaseException):
@@ -63,15 +46,9 @@ class Events:
 
 
 @pytest.fixture
-def mesh(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A 1-rank gloo default group in this process and a 1-device CPU mesh."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield init_device_mesh("cpu", (1,))
-    finally:
-        dist.destroy_process_group()
+def mesh(one_rank: Any) -> Any:
+    """A 1-rank gloo default group in this process and its 1-device CPU mesh (conftest's one_rank)."""
+    return one_rank
 
 
 def _objects(mesh: Any, seed: int = 0, shape: ModelConfig = SMALL) -> dict[str, Any]:
