@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.ports import free_port
+
 MODES = ("sync", "torch-async", "nvrx")
 LAYER_DIM = 1024  # one Linear(1024, 1024) = 4 MiB of fp32 weights, 4 / world_size MiB per rank
 
@@ -133,14 +135,6 @@ def _max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def measure(
     mib: Sequence[int] = (256,),
     *,
@@ -164,7 +158,7 @@ def measure(
         result_path = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
             _rank_main,
-            args=(world_size, _free_port(), job, result_path),
+            args=(world_size, free_port(), job, result_path),
             nprocs=world_size,
             join=False,
             start_method="spawn",

@@ -37,7 +37,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recovery_measure import aggregate, measure
+from tools.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -118,13 +118,6 @@ class RecoveryConfig:
             )
         if self.fault_step % self.ckpt_interval == 0:
             raise ValueError("fault_step: must not fall on a checkpoint step (no recompute to measure)")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_data(path: Path, cfg: RecoveryConfig) -> Path:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
+
+from tools.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELM = REPO_ROOT / ".tools" / "bin" / "helm"
@@ -14,12 +15,7 @@ CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
 # `make test` sets it: there a missing tool is a failure (make setup installed it), never a skip.
 REQUIRE_TOOLS_ENV = "BLUEPRINT_REQUIRE_TOOLS"
 
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago (never a fixed port shared between tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["CDK", "HELM", "REPO_ROOT", "REQUIRE_TOOLS_ENV", "free_port", "require_tool"]
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
+from tools.ports import free_port
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
 
@@ -44,12 +44,6 @@ REPLACE_DELAY_S = 20.0
 
 def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- 1. synthesize -------------------------------------------------------------------------------

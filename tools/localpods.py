@@ -22,7 +22,6 @@ From the shell (`{port}`: a free rendezvous port, `{index}`: the pod index):
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from tools.localjob import JobResult, LocalJob, PodExit, PodSpec
 from tools.localpod import LOCAL_POD_ENV, POD_MARKER_ENV, LocalPod
+from tools.ports import free_port
 
 __all__ = [
     "LOCAL_POD_ENV",
@@ -44,12 +44,6 @@ __all__ = [
 
 
 # -- command line: run any command as N local pods -----------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m tools.localpods --pods N [--kill INDEX@SECONDS] -- COMMAND...`; returns 0 on success.
 
@@ -83,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not sep or not index.isdigit() or int(index) >= args.pods:
             parser.error(f"--kill: expected INDEX@SECONDS with INDEX < {args.pods}, got {item!r}")
         kills.append((float(seconds), int(index)))
-    port = _free_port()
+    port = free_port()
     specs = [
         PodSpec(
             f"pod-{i}",

@@ -71,6 +71,11 @@ def torchrun(max_restarts: int = 0, nproc: int = 2) -> list[str]:
 def run_job(argv: list[str], log: Path, timeout_s: float = JOB_TIMEOUT_S) -> int:
     """Run a launcher command in its own session; kill the whole session if it outlives timeout_s."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    # The launcher picks MASTER_PORT from the ephemeral range; the trainer's stores at MASTER_PORT+1/+2
+    # could then collide with any client socket (EADDRINUSE in CI): give them ports outside that range.
+    stores = free_port(span=2)
+    env.setdefault("TRAINER_PG_PORT", str(stores))
+    env.setdefault("TRAINER_INPROCESS_PORT", str(stores + 1))
     with open(log, "w") as fh:
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
