@@ -15,7 +15,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prometheus synth test test-fast lint demo bench bench-quick smoke-render cluster-smoke clean
+.PHONY: help setup prometheus synth test test-fast soak lint demo bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ test: setup prometheus ## Run the whole test suite
 
 test-fast: setup ## Run the tests that need no multi-process training
 	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+soak: setup prometheus ## The long runs kept out of make test: every checkpoint mode, more fault mixes
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
 lint: setup ## ruff and mypy
 	$(VENV)/bin/ruff check .
