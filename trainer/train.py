@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -119,8 +120,11 @@ class Session:
         faults: FaultInjector,
         store: dist.Store,
         device: torch.device,
+        progress: Callable[[], None] | None = None,
     ) -> None:
-        """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore."""
+        """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore.
+
+        `progress` is called while a checkpoint wait blocks the loop (see `Trainer.alive`)."""
         from datetime import timedelta
 
         from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
@@ -151,7 +155,9 @@ class Session:
             ckpt_cfg,
             rank=proc.rank,
             world_size=proc.world_size,
-            hooks=CheckpointHooks(before_commit=faults.in_checkpoint, after_write=faults.in_write),
+            hooks=CheckpointHooks(
+                before_commit=faults.in_checkpoint, after_write=faults.in_write, progress=progress
+            ),
             events=events,
         )
         self.ckpt = CheckpointLoop(manager, ckpt_cfg, events, rank=proc.rank, last_step=cfg.steps - 1)
@@ -314,6 +320,18 @@ class Trainer:
         self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
         self.last_step = -1
 
+    def alive(self, call_wrapper: Any) -> None:
+        """Progress outside a training step: ping the Wrapper, beat the launcher's heartbeat.
+
+        The Wrapper's soft and hard timeouts run from the last ping (once a loop has pinged, its automatic
+        timestamps no longer suffice), so after the last step the wait for the final save, the state hash
+        and the teardown must ping too: else a final write longer than the soft timeout restarted a run
+        that had finished (a second `run_end` of status completed), or the hard timeout killed it.
+        """
+        if call_wrapper is not None:
+            call_wrapper.ping()
+        self.heartbeat.beat()
+
     def base_store(self) -> dist.Store:
         """The training PG's TCPStore (rank 0 hosts it), kept across in-process restarts."""
         if self.store is None:
@@ -352,6 +370,7 @@ class Trainer:
                 self.faults,
                 dist.PrefixStore(prefix, self.base_store()),
                 self.device,
+                progress=lambda: self.alive(call_wrapper),
             )
             self.last_step = _train_steps(
                 self.cfg,
@@ -364,7 +383,9 @@ class Trainer:
                 self.snapshots,
             )
             assert session.model is not None and session.optim is not None
+            self.alive(call_wrapper)  # the last save's wait pinged; the hash and teardown come next
             digest = state_sha256(session.model, session.optim)
+            self.alive(call_wrapper)
             self.events.emit(
                 "run_end",
                 step=self.last_step,
@@ -375,6 +396,7 @@ class Trainer:
             if self.proc.rank == 0:
                 write_summary(self.cfg.out_dir)
             self.snapshots.finish()
+            self.alive(call_wrapper)
             session.teardown()
             return digest
         except BaseException as exc:

@@ -12,7 +12,9 @@ Life of one save (at most one is in flight; a new save first finishes the previo
   2. maybe_finalize(): when this rank's write is finished, its shard files are fsynced and CRC32'd
      (in a helper thread for the async modes). At the calls policy.poll_due names (not every step), one
      small all_reduce tells every rank whether all ranks are done, or whether any failed (then every
-     rank raises CheckpointWriteError and the save is discarded; the manager stays usable).
+     rank raises CheckpointWriteError and the save is discarded; the manager stays usable). wait() (and
+     a save while one is pending) repeats that agreement in rounds until all are done, calling
+     hooks.progress between rounds: no rank sits in a collective while a peer is still writing.
   3. commit (all ranks): hooks.before_commit(step) runs on every rank, then rank 0 gathers the file
      lists (and NVRx's write results, from which it writes the DCP .metadata), writes MANIFEST.json,
      renames the directory to step_<N> (the moment it becomes visible), applies retention
@@ -65,6 +67,9 @@ class CheckpointHooks:
     after_write: Callable[[int], None] | None = None
     """Called on a rank with the step when its background write reports done; raising fails the save as
     a failed write would (the ckpt-write-error fault)."""
+    progress: Callable[[], None] | None = None
+    """Called between the agreement rounds of a blocking wait (the trainer pings the in-process Wrapper
+    and beats the launcher heartbeat from it): waiting for a write is progress, bounded by write_timeout_s."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,9 @@ class _Pending:
 class CheckpointManager:
     """Atomic, reshardable DCP checkpoints of {"model", "optim", <Stateful>...} for one rank."""
 
+    BLOCKING_POLL_S = (0.05, 0.5)
+    """A blocking wait's first and longest local wait between two agreement rounds (doubling between)."""
+
     def __init__(
         self,
         cfg: CheckpointConfig,
@@ -132,9 +140,10 @@ class CheckpointManager:
         # The writer gets a group of its own: torch-async runs DCP's collectives (planning, metadata) in a
         # background thread, and two threads issuing collectives on one gloo group pair them up in a
         # different order on different ranks (a finalize all_reduce met a peer's planning gather and both
-        # timed out, with no fault at all).
+        # timed out, with no fault at all). Its timeout is the write's: DCP gathers the write results
+        # after each rank's write, so a rank whose write is done waits there for the slowest peer's.
         self._write_pg: dist.ProcessGroup | None = dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
+            backend="gloo", timeout=timedelta(seconds=max(cfg.collective_timeout_s, cfg.write_timeout_s))
         )
         self._backend = make_backend(cfg.mode, cfg.write_timeout_s)
         self._pending: _Pending | None = None
@@ -197,7 +206,7 @@ class CheckpointManager:
             return []
         if not blocking:
             p.calls += 1
-            self._local_state(p, blocking=False)  # starts fsync + CRC32 as soon as the write is done
+            self._local_state(p)  # starts fsync + CRC32 as soon as the write is done
             if not policy.poll_due(p.calls):
                 return []
         return self._finalize(blocking)
@@ -221,9 +230,11 @@ class CheckpointManager:
                 log.warning("could not discard %s: %s", p.tmp, exc)
 
     # --------------------------------------------------------------------------------------- finalize
-    def _local_state(self, p: _Pending, blocking: bool) -> tuple[str, str | None]:
-        """("pending" | "ready" | "failed", reason) of this rank's part of the pending save."""
+    def _local_state(self, p: _Pending, wait_s: float = 0.0) -> tuple[str, str | None]:
+        """("pending" | "ready" | "failed", reason) of this rank's part of the pending save, waiting up to
+        wait_s for it to leave "pending" (never past the write's deadline)."""
         deadline = p.t0 + self.cfg.write_timeout_s
+        give_up = time.perf_counter() + wait_s
         while p.error is None:
             try:
                 if p.files is None and self._backend.done(p.token):
@@ -239,7 +250,7 @@ class CheckpointManager:
             if time.perf_counter() > deadline:
                 p.error = f"rank {self.rank}: write not finished after {self.cfg.write_timeout_s} s"
                 break
-            if not blocking:
+            if time.perf_counter() >= give_up:
                 return "pending", None
             time.sleep(0.005)
         return "failed", p.error
@@ -252,18 +263,33 @@ class CheckpointManager:
         return layout.describe_files(tmp, names)
 
     def _finalize(self, blocking: bool) -> list[int]:
+        """One agreement (non-blocking), or rounds of them until every rank is done (blocking).
+
+        A blocking wait never parks a rank in a collective while a peer still writes: a rank whose write
+        is done would sit in C for as long as the slowest peer's write, where the group's collective
+        timeout (shorter than write_timeout_s) fails it and the Wrapper's progress watchdog cannot be fed.
+        In each round a rank waits for its own write at most `pause` seconds, then all agree; every rank
+        runs the same rounds, so the collectives pair up. write_timeout_s bounds the whole wait.
+        """
         p = self._pending
         assert p is not None
-        state, reason = self._local_state(p, blocking)
-        self.polls += 1
-        flags = torch.tensor([state == "pending", state == "failed"], dtype=torch.int64)
-        dist.all_reduce(flags, group=self._group())
-        if flags[1] > 0:
-            reasons: list[Any] = [None] * self.world_size
-            dist.all_gather_object(reasons, reason, group=self._group())
-            self._fail(p, "; ".join(str(r) for r in reasons if r))
-        if flags[0] > 0:
-            return []
+        pause = self.BLOCKING_POLL_S[0] if blocking else 0.0
+        while True:
+            state, reason = self._local_state(p, wait_s=pause)
+            self.polls += 1
+            flags = torch.tensor([state == "pending", state == "failed"], dtype=torch.int64)
+            dist.all_reduce(flags, group=self._group())
+            if flags[1] > 0:
+                reasons: list[Any] = [None] * self.world_size
+                dist.all_gather_object(reasons, reason, group=self._group())
+                self._fail(p, "; ".join(str(r) for r in reasons if r))
+            if flags[0] == 0:
+                break
+            if not blocking:
+                return []
+            if self.hooks.progress is not None:
+                self.hooks.progress()
+            pause = min(pause * 2, self.BLOCKING_POLL_S[1])
         self._commit(p)
         return [p.step]
 
