@@ -26,7 +26,7 @@ RUN_VALUES: dict[str, Any] = {
     "steps": STEPS,
     "ckptInterval": CKPT_INTERVAL,
     "ckptKeep": 3,
-    "ckptMode": "sync",
+    "ckptMode": "nvrx",  # the chart default (k8s/values.yaml): the mode every fault test runs
     "seed": 11,
     # Recovery from the durable checkpoint, as these tests assert it; the snapshot tests turn snapshots on.
     "snapshotInterval": 0,

@@ -1,4 +1,5 @@
-"""Fixtures shared by the trainer tests: a small token file and a 1-rank process group."""
+"""Fixtures shared by the trainer tests: a small token file, a 1-rank process group and the fault-free
+reference run that every exact-resume test compares its final state with."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from tests.conftest import free_port
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainer.data import write_synthetic_tokens
     from trainer.model import PRESETS
@@ -34,3 +35,25 @@ def one_rank(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield init_device_mesh("cpu", (1,))
     finally:
         dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def clean_run(token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The fault-free run of the pod command (_jobs.RUN_VALUES: ft_launcher, tier 1 on, the chart's nvrx
+    checkpoints): its output directory and the sha256 of its final model + optimizer state.
+
+    One run for the whole session: the final state depends only on data, seed, preset and steps, not on
+    the launcher, the checkpoint mode or retention (each exact-resume test asserts so against it).
+    """
+    from tests.trainer._jobs import assert_completed, log_tail, of, pod_command, read_events, run_job
+
+    out = tmp_path_factory.mktemp("clean") / "run"
+    log = out.parent / "job.log"
+    assert run_job(pod_command(token_file, out), log) == 0, log_tail(log)
+    assert_completed(out, log)
+    evs = read_events(out)
+    assert not of(evs, "fault_injected") and not of(evs, "fault_detected"), log_tail(log)
+    (end,) = of(evs, "run_end", rank=0, status="completed")
+    digest = str(end["state_sha256"])
+    assert len(digest) == 64
+    return out, digest

@@ -21,7 +21,13 @@ from trainer.checkpoint import (
     layout,
 )
 
-MODES = ["sync", "torch-async", "nvrx"]
+# nvrx, the chart's mode, in make test; the others in make soak (test_ckpt_modes.py resumes a real run
+# from each of them in make test).
+MODES = [
+    pytest.param("sync", marks=pytest.mark.soak),
+    pytest.param("torch-async", marks=pytest.mark.soak),
+    "nvrx",
+]
 
 
 def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -2,6 +2,9 @@
 
 The crash kills a rank with SIGKILL, so recovery is a worker restart (torchrun --max-restarts here, the
 same path ft_launcher takes); tier 1 is off to keep these runs short and about the checkpoint only.
+Both run the chart's checkpoint mode, nvrx (_jobs.RUN_VALUES): a save is written by NVRx's worker while
+training goes on and committed at a later step, so the crash lands in a save still in flight, and the
+corruption fires at a step where which checkpoints are committed does not depend on timing.
 """
 
 from __future__ import annotations
@@ -19,12 +22,14 @@ from tests.trainer._jobs import (
     torchrun,
     trainer_args,
 )
+from trainer.checkpoint import layout
 
 
 @pytest.mark.slow
 def test_crash_inside_a_save_keeps_the_previous_checkpoint(tmp_path: Path, token_file: Path) -> None:
     # Saves follow steps 2, 5, 8 and the last step 9 (a run always ends with a committed checkpoint of its
-    # last step); the crash hits rank 0 in the save of step 5, after its shard is durable.
+    # last step); the crash hits rank 0 in the save of step 5, after its shard is durable, before the
+    # commit: in nvrx mode that is a later step's poll, while the save is still in flight.
     out, log = tmp_path / "run", tmp_path / "job.log"
     argv = [
         *torchrun(max_restarts=1),
@@ -38,6 +43,10 @@ def test_crash_inside_a_save_keeps_the_previous_checkpoint(tmp_path: Path, token
     assert (crash["rank"], crash["step"], crash["restart"]) == (0, 5, 0)
     before = [e for e in evs if e["t"] < crash["t"]]
     assert [c["step"] for c in of(before, "ckpt_commit")] == [2], "step 5 must not be committed"
+    # It was an NVRx async save: started after step 5, still in flight while rank 0 trained step 6.
+    (started,) = of(before, "ckpt_save", rank=0, step=5)
+    assert started["mode"] == "nvrx"
+    assert [e["step"] for e in of(before, "step") if e["t_start"] > started["t"]][:1] == [6]
     # The restarted workers resumed from the previous checkpoint, passing over the half-written one.
     restored = of(evs, "restore", restart=1)
     assert sorted(r["rank"] for r in restored) == [0, 1] and {r["step"] for r in restored} == {2}
@@ -52,20 +61,27 @@ def test_crash_inside_a_save_keeps_the_previous_checkpoint(tmp_path: Path, token
 
 @pytest.mark.slow
 def test_corrupt_newest_checkpoint_is_skipped_with_a_reason(tmp_path: Path, token_file: Path) -> None:
-    # At the start of step 7 rank 0 corrupts the newest checkpoint (step 5) and dies.
+    # At the start of step 9 rank 0 corrupts the newest committed checkpoint and dies. Then steps 2 and 5
+    # are committed and the save of step 8 is in flight (nvrx commits it at step 9's poll at the earliest).
     out, log = tmp_path / "run", tmp_path / "job.log"
     argv = [
         *torchrun(max_restarts=1),
-        *trainer_args(token_file, out, "--no-inprocess", "--fault=ckpt-corrupt:step=7"),
+        *trainer_args(token_file, out, "--no-inprocess", "--fault=ckpt-corrupt:step=9"),
     ]
     assert run_job(argv, log) == 0, log_tail(log)
     summary = assert_completed(out, log)
     evs = read_events(out)
 
     (fault,) = of(evs, "fault_injected", fault="ckpt-corrupt")
-    assert (fault["rank"], fault["step"]) == (0, 7)
-    (skipped,) = of(evs, "ckpt_skipped", restart=1)
-    assert "5" in Path(skipped["path"]).name and skipped["reason"]
+    assert (fault["rank"], fault["step"]) == (0, 9)
+    assert [c["step"] for c in of(evs, "ckpt_commit") if c["t"] < fault["t"]] == [2, 5]
+    skipped = {Path(s["path"]).name: s["reason"] for s in of(evs, "ckpt_skipped", restart=1)}
+    assert skipped.keys() == {"step_00000005", Path(layout.temp_name(8)).name}, skipped
+    assert "checksum mismatch" in skipped["step_00000005"]  # the corrupted one: skipped with why
+    assert "never committed" in skipped[Path(layout.temp_name(8)).name]  # the save the crash cut off
     assert {r["step"] for r in of(evs, "restore", restart=1)} == {2}
-    assert summary["ckpt"]["skipped"] == [{"path": skipped["path"], "reason": skipped["reason"]}]
+    assert sorted(summary["ckpt"]["skipped"], key=lambda s: s["path"]) == sorted(
+        ({"path": s["path"], "reason": s["reason"]} for s in of(evs, "ckpt_skipped", restart=1)),
+        key=lambda s: s["path"],
+    )
     assert summary["faults"][0]["restored_step"] == 2

@@ -1,8 +1,9 @@
 """Checkpoints in the real command line (`python -m trainer`, 2 gloo ranks under torchrun), per mode.
 
-The chart's default mode, nvrx, gets the full set; torch-async and sync one exact-resume run each (the
-suite must stay short on 2 cores). Exact resume: a run with a fault ends with the same sha256 of model
-and optimizer state as the fault-free run, bit for bit.
+The chart's default mode, nvrx, gets the full set here and the whole fault matrix elsewhere (every test
+built on _jobs.RUN_VALUES); torch-async and sync one exact-resume run each (the suite must stay short on
+2 cores). Exact resume: a run with a fault ends with the same sha256 of model and optimizer state as the
+session's fault-free run (conftest `clean_run`: the pod command, nvrx), bit for bit.
 """
 
 from __future__ import annotations
@@ -23,16 +24,6 @@ pytestmark = pytest.mark.slow
 
 STEPS, INTERVAL = 10, 3  # saves after steps 2, 5, 8 and, being the last, 9
 JOB_TIMEOUT_S = 300
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
-    from trainer.model import PRESETS
-
-    return write_synthetic_tokens(
-        tmp_path_factory.mktemp("data") / "tokens.npy", 100_000, PRESETS["tiny"].vocab_size, seed=3
-    )
 
 
 def _trainer(data: Path, out: Path, mode: str, *extra: str) -> list[str]:
@@ -89,20 +80,14 @@ def _completed_hash(out: Path, run: subprocess.CompletedProcess[str]) -> str:
     return str(end["state_sha256"])
 
 
-@pytest.fixture(scope="module")
-def clean(data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The fault-free nvrx run: its output directory and final state hash."""
-    out = tmp_path_factory.mktemp("clean") / "run"
-    run = _run([*_torchrun(), *_trainer(data, out, "nvrx")], out.parent / "job.log")
-    return out, _completed_hash(out, run)
-
-
-def test_the_last_step_is_committed_before_run_end(clean: tuple[Path, str]) -> None:
-    out, digest = clean
+def test_the_last_step_is_committed_before_run_end(clean_run: tuple[Path, str]) -> None:
+    out, digest = clean_run
     evs = _events(out)
+    assert {e["mode"] for e in _of(evs, "ckpt_save")} == {"nvrx"}
     commits = [c["step"] for c in _of(evs, "ckpt_commit")]
     assert commits == [2, 5, 8, 9]  # 9: the last step, though 10 is no multiple of the interval
-    assert sorted(p.name for p in (out / "ckpt").iterdir() if p.is_dir()) == ["step_00000008", "step_00000009"]
+    kept = sorted(p.name for p in (out / "ckpt").iterdir() if p.is_dir())
+    assert kept == ["step_00000005", "step_00000008", "step_00000009"]  # --ckpt-keep=3
     last_commit = _of(evs, "ckpt_commit", step=9)[0]["t"]
     assert all(e["t"] > last_commit for e in _of(evs, "run_end"))
     assert len(digest) == 64
@@ -110,24 +95,25 @@ def test_the_last_step_is_committed_before_run_end(clean: tuple[Path, str]) -> N
 
 @pytest.mark.parametrize("mode", ["torch-async", "sync"])
 def test_exact_resume_after_a_worker_restart(
-    data: Path, tmp_path: Path, clean: tuple[Path, str], mode: str
+    token_file: Path, tmp_path: Path, clean_run: tuple[Path, str], mode: str
 ) -> None:
     out = tmp_path / "run"
-    run = _run([*_torchrun(max_restarts=1), *_trainer(data, out, mode, "--fault=sigkill:step=7:rank=0")],
-               tmp_path / "job.log")  # fmt: skip
+    argv = [*_torchrun(max_restarts=1), *_trainer(token_file, out, mode, "--fault=sigkill:step=7:rank=0")]
+    run = _run(argv, tmp_path / "job.log")
     digest = _completed_hash(out, run)
     evs = _events(out)
     assert _of(evs, "fault_injected", fault="sigkill") and _of(evs, "run_start", rank=0, restart=1)
     assert {r["step"] for r in _of(evs, "restore", restart=1)} & {2, 5}, "did not resume from a checkpoint"
-    assert digest == clean[1]
+    assert {e["mode"] for e in _of(evs, "ckpt_save")} == {mode}
+    assert digest == clean_run[1]
 
 
 def test_a_failed_write_is_reported_and_training_goes_on(
-    data: Path, tmp_path: Path, clean: tuple[Path, str]
+    token_file: Path, tmp_path: Path, clean_run: tuple[Path, str]
 ) -> None:
     out = tmp_path / "run"
-    run = _run([*_torchrun(), *_trainer(data, out, "nvrx", "--fault=ckpt-write-error:step=4:rank=1")],
-               tmp_path / "job.log")  # fmt: skip
+    argv = [*_torchrun(), *_trainer(token_file, out, "nvrx", "--fault=ckpt-write-error:step=4:rank=1")]
+    run = _run(argv, tmp_path / "job.log")
     digest = _completed_hash(out, run)  # no restart was allowed (max-restarts 0): it never stopped
     evs = _events(out)
     (failed,) = _of(evs, "ckpt_failed")
@@ -136,14 +122,14 @@ def test_a_failed_write_is_reported_and_training_goes_on(
     assert [c["step"] for c in _of(evs, "ckpt_commit")] == [2, 8, 9]  # the next interval saved again
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ckpt"]["failed"] == 1 and summary["ckpt"]["failures"][0]["step"] == 5
-    assert digest == clean[1]
+    assert digest == clean_run[1]
 
 
 def test_no_loadable_checkpoint_stops_with_status_2_and_a_line_per_checkpoint(
-    data: Path, tmp_path: Path
+    token_file: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
-    first = _run([sys.executable, *_trainer(data, out, "sync", "--steps=2")], tmp_path / "first.log")
+    first = _run([sys.executable, *_trainer(token_file, out, "sync", "--steps=2")], tmp_path / "first.log")
     assert first.returncode == 0, first.stdout[-3000:]
     (ckpt,) = (out / "ckpt").glob("step_*")  # the last step (1), the only save of a 2-step run
     shard = max(ckpt.glob("*.distcp"), key=lambda p: p.stat().st_size)
@@ -151,7 +137,7 @@ def test_no_loadable_checkpoint_stops_with_status_2_and_a_line_per_checkpoint(
         fh.seek(shard.stat().st_size // 2)
         fh.write(b"\xff" * 16)
 
-    again = _run([sys.executable, *_trainer(data, out, "sync")], tmp_path / "again.log")
+    again = _run([sys.executable, *_trainer(token_file, out, "sync")], tmp_path / "again.log")
     assert again.returncode == 2, again.stdout[-3000:]
     lines = [line for line in again.stdout.splitlines() if line.startswith("skipped checkpoint ")]
     assert lines == [f"skipped checkpoint {ckpt}: " + lines[0].split(": ", 1)[1]]
@@ -160,7 +146,7 @@ def test_no_loadable_checkpoint_stops_with_status_2_and_a_line_per_checkpoint(
     assert not _of(_events(out), "step", pid=_of(_events(out), "run_start")[-1]["pid"]), "it trained"
 
     fresh = _run(
-        [sys.executable, *_trainer(data, out, "sync", "--allow-fresh-start")], tmp_path / "fresh.log"
+        [sys.executable, *_trainer(token_file, out, "sync", "--allow-fresh-start")], tmp_path / "fresh.log"
     )
     assert fresh.returncode == 0, fresh.stdout[-3000:]
     assert {r["step"] for r in _of(_events(out), "restore")} == {-1}

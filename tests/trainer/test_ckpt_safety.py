@@ -373,7 +373,7 @@ def _assert_next_save_commits(root: Path, state: dict[str, Any], mode: str, mesh
 
 
 # ------------------------------------------------------------------------------ 5: a failed save
-@pytest.mark.parametrize("mode", ["nvrx", "sync"])
+@pytest.mark.parametrize("mode", ["nvrx", pytest.param("sync", marks=pytest.mark.soak)])
 def test_a_failed_save_is_reported_and_training_goes_on(tmp_path: Path, mesh: Any, mode: str) -> None:
     from trainer.checkpoint import CheckpointFailuresExceeded, CheckpointLoop
 

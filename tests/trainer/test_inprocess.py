@@ -1,6 +1,9 @@
 """Tier 1: faults recovered inside the same processes by the NVRx Wrapper (2 gloo ranks under torchrun).
 
-Every test runs the real `python -m trainer` command line, as the chart does (helpers in _jobs.py).
+Every test runs the real `python -m trainer` command line, as the chart does (helpers in _jobs.py), with
+the chart's checkpoint mode, nvrx. Its saves commit at a later step than they start, so a fault that must
+find a given checkpoint committed fires at the step right after the next save started: at the start of
+step 6 (saves after steps 2, 5, 8) step 2 is surely committed and step 5 surely not.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from tests.trainer._jobs import assert_completed, log_tail, of, read_events, run
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # make test: test_exact_resume.py checks the same in-process restart (and 4 ranks below)
 def test_exception_recovers_in_process_with_the_same_pids(tmp_path: Path, token_file: Path) -> None:
     out, log = tmp_path / "run", tmp_path / "job.log"
     rc = run_job(
-        [*torchrun(), *trainer_args(token_file, out, "--inprocess", "--fault=exception:step=5:rank=1")], log
+        [*torchrun(), *trainer_args(token_file, out, "--inprocess", "--fault=exception:step=6:rank=1")], log
     )
     assert rc == 0, log_tail(log)
     summary = assert_completed(out, log)
@@ -31,7 +35,7 @@ def test_exception_recovers_in_process_with_the_same_pids(tmp_path: Path, token_
         assert {e["restart"] for e in starts} == {0}
         detected = of(evs, "fault_detected", rank=rank)
         assert [(d["tier"], d["iteration"]) for d in detected] == [(1, 1)]  # emitted as iteration 1 starts
-        # The new iteration reloaded the newest checkpoint before step 5: the one of step 2.
+        # The new iteration reloaded the newest committed checkpoint: the one of step 2 (5 was pending).
         assert [r["step"] for r in of(evs, "restore", rank=rank, iteration=1)] == [2]
     assert "InjectedFault" in of(evs, "fault_detected", rank=1)[0]["reason"]
     # The peer was not left waiting for the 3 s collective timeout: it saw the closed connection.
@@ -39,7 +43,7 @@ def test_exception_recovers_in_process_with_the_same_pids(tmp_path: Path, token_
 
     (fault,) = summary["faults"]
     assert (fault["type"], fault["tier"], fault["recovered"]) == ("exception", 1, True)
-    assert fault["restored_step"] == 2 and fault["steps_recomputed"] == 2
+    assert fault["restored_step"] == 2 and fault["steps_recomputed"] == 3
 
 
 @pytest.mark.slow
@@ -90,10 +94,10 @@ def test_single_process_without_a_launcher_recovers_in_process(tmp_path: Path, t
         k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k in os.environ
     ]
     assert not env_less, f"the test runner itself sets {env_less}"
-    argv = [sys.executable, *trainer_args(token_file, out, "--fault=exception:step=4", steps=6)]
+    argv = [sys.executable, *trainer_args(token_file, out, "--fault=exception:step=6", steps=7)]
     assert run_job(argv, log) == 0, log_tail(log)
     evs = read_events(out)
     assert [e["iteration"] for e in of(evs, "run_start")] == [0, 1]
     assert len({e["pid"] for e in evs}) == 1
     assert [r["step"] for r in of(evs, "restore", iteration=1)] == [2]
-    assert of(evs, "run_end", status="completed", step=5)
+    assert of(evs, "run_end", status="completed", step=6)

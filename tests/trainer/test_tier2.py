@@ -182,6 +182,8 @@ def test_termination_handler_rejects_bad_timeout() -> None:
 # The pod command of Contract 2, run as LocalJob pods on 127.0.0.1. Timeouts are seconds, nested as
 # trainer/resilience/timeouts.py requires; the initial heartbeat timeout covers imports on a busy machine.
 # Six launcher restarts: a spurious timeout under heavy load costs one restart, not the test.
+# The chart's checkpoint mode, nvrx, commits a save at a later step than it starts it: faults fire at
+# step 9, right after the save of step 8 started, when steps 2 and 5 are surely committed and 8 surely not.
 STEPS = 12
 CKPT_INTERVAL = 3
 TIMEOUTS = {
@@ -219,7 +221,7 @@ def _pod_argv(port: int, nnodes: int, nproc: int, out: Path, data: Path, extra: 
         "seed": 1234,  # the trainer's default
         "ckptInterval": CKPT_INTERVAL,
         "ckptKeep": 2,
-        "ckptMode": "sync",
+        "ckptMode": "nvrx",  # the chart default
         "collectiveTimeout": t["collective"],
         "inprocessSoftTimeout": t["soft"],
         "inprocessHardTimeout": t["hard"],
@@ -287,9 +289,10 @@ def _assert_completed_once_more(out: Path, tmp_path: Path, restarted_ranks: set[
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # make test: test_exact_resume.py kills rank 0 the same way and checks the same
 def test_sigkilled_rank_is_restarted_by_ft_launcher(tmp_path: Path, token_file: Path) -> None:
     with _job(
-        tmp_path, token_file, nnodes=1, nproc=2, extra=["--inprocess", "--fault=sigkill:step=7:rank=1"]
+        tmp_path, token_file, nnodes=1, nproc=2, extra=["--inprocess", "--fault=sigkill:step=9:rank=1"]
     ) as job:
         job.start()
         result = job.wait(timeout_s=JOB_TIMEOUT_S)
@@ -297,8 +300,8 @@ def test_sigkilled_rank_is_restarted_by_ft_launcher(tmp_path: Path, token_file: 
     out = tmp_path / "run"
     summary = _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
     (fault,) = summary["faults"]
-    assert fault["type"] == "sigkill" and fault["rank"] == 1 and fault["step"] == 7
-    assert fault["recovered"] and fault["restored_step"] == 5  # saves after steps 2 and 5, not 7
+    assert fault["type"] == "sigkill" and fault["rank"] == 1 and fault["step"] == 9
+    assert fault["recovered"] and fault["restored_step"] == 5  # committed: 2 and 5; 8 was in flight
     # Tier 2 recovered it: the launcher stopped the survivor (its SIGTERM handler reported tier 2; its
     # Wrapper may have seen the dead peer first and reported tier 1) and restarted both workers.
     evs = _events(out)
@@ -315,10 +318,10 @@ def test_sigkilled_rank_is_restarted_by_ft_launcher(tmp_path: Path, token_file: 
     ("faults", "by_heartbeat"),
     [
         # Every rank stuck in Python: no collective is pending, so only the heartbeat can notice.
-        (["hang:step=7:rank=0", "hang:step=7:rank=1"], True),
+        (["hang:step=9:rank=0", "hang:step=9:rank=1"], True),
         # One rank frozen (SIGSTOP): its peer's collective times out first, then the launcher stops the
         # workers; the frozen one needs SIGKILL (from its rank monitor or the launcher's stop timeout).
-        (["stop:step=7:rank=1"], False),
+        (["stop:step=9:rank=1"], False),
     ],
     ids=["hang-all-ranks", "stop-one-rank"],
 )
