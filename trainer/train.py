@@ -230,6 +230,7 @@ def _train_steps(
         _ping(call_wrapper)
         s.ckpt.after_step(step, s.state())
         _ping(call_wrapper)  # a save that blocked is progress too: each wait gets the whole soft timeout
+    heartbeat.pause()  # no more steps: the final commit and the run's end are judged by the static timeout
     s.ckpt.finish(s.state())  # run_end follows only once the last step is committed
     _ping(call_wrapper)
     return s.trainer.step
@@ -396,7 +397,7 @@ class Trainer:
             # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
             # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
             self.caught = (time.time(), _reason(exc))
-            self.heartbeat.interrupted()  # the static hang timeout covers the restart, not the measured one
+            self.heartbeat.pause()  # the static hang timeout covers the restart, not the measured one
             self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.

@@ -128,14 +128,14 @@ def test_a_tier1_restart_runs_under_the_static_timeout(monkeypatch: pytest.Monke
     hb, clock = _heartbeat(monkeypatch, policy, client)
     _steps(hb, clock, 5.0, 1.0, 1.0)
     assert client.subsequent == pytest.approx(3.0)
-    hb.interrupted()  # an iteration failed: teardown, barrier and restore may take long
+    hb.pause()  # an iteration failed: teardown, barrier and restore may take long
     assert client.updates[-1] == (120.0, 60, False) and hb.hang_timeout is None
     clock.now += 40.0  # longer than the calculated timeout, shorter than the static one
     hb.start()  # the next iteration (already connected: no new connection)
     _steps(hb, clock, 5.0)  # its first beat: the calculated timeout is back, the gap was no step
     assert client.subsequent == pytest.approx(3.0) and hb.hang_timeout == pytest.approx(3.0)
-    hb.interrupted()
-    hb.interrupted()  # a second failure while static: nothing more to send
+    hb.pause()
+    hb.pause()  # a second failure while static: nothing more to send
     assert [u[2] for u in client.updates].count(False) == 3  # connect + one per real interruption
 
 
@@ -175,13 +175,13 @@ def test_no_policy_or_no_launcher_sends_no_timeouts(monkeypatch: pytest.MonkeyPa
     hb.start()
     for _ in range(50):
         hb.beat()
-    hb.interrupted()
+    hb.pause()
     assert client.updates == [] and client.beats == 50
     made: list[MonitorClient] = []
     off = Heartbeat.from_env({}, policy=HangPolicy(2, 3, 2, 60), client_factory=lambda: made[0])
     off.start()
     off.beat()
-    off.interrupted()
+    off.pause()
     assert made == []
 
 

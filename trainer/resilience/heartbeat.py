@@ -18,8 +18,8 @@ why trainer/resilience/timeouts.py requires heartbeat_timeout to exceed every ti
 
 With a HangPolicy (trainer/resilience/hangtimeout.py) the heartbeat timeout in force becomes the one
 calculated from this rank's measured step time once the warm-up is measured (or from its first step
-when an earlier worker persisted one); `interrupted()` puts the static timeout back for the length of a
-tier-1 restart, and the calculated one returns with the next iteration's first beat.
+when an earlier worker persisted one); `pause()` puts the static timeout back for the length of a
+tier-1 restart or the run's final commit, and the calculated one returns with the next beat.
 
 Only RankMonitorClient(), init_workload_monitoring(), send_heartbeat() and shutdown_workload_monitoring()
 are used (same signatures in NVRx 0.4.1 and 0.7.x), plus, with a HangPolicy, the client's state protocol
@@ -155,10 +155,12 @@ class Heartbeat:
         """The calculated hang timeout the rank monitor has now (None: the static one is in force)."""
         return self._in_force
 
-    def interrupted(self) -> None:
-        """A tier-1 restart begins: the static timeout covers it (teardown, barrier, restore), not the
-        calculated one. Call it where an iteration fails; the next beat of the next iteration restores
-        the calculated timeout."""
+    def pause(self) -> None:
+        """No step beats for a while: until the next beat the static timeout holds, not the calculated one.
+
+        Called where an iteration fails (a tier-1 restart: teardown, barrier, restore) and after the last
+        step (the final commit and the run's end); the next beat restores the calculated timeout and the
+        gap is not measured as a step."""
         self._intervals.restart()
         if self._client is None or self._policy is None or self._in_force is None:
             return

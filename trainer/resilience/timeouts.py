@@ -24,7 +24,7 @@ launcher heartbeat timeout becomes min(heartbeat_timeout, max(hang_timeout_floor
 the longest step including saves)) (trainer/resilience/hangtimeout.py). A rank without progress for that
 long is restarted by ft_launcher (tier 2) even when it is shorter than the tier-1 timeouts: a hang costs a
 worker restart, not minutes of waiting. Exceptions and lost nodes still reach tier 1 first, because the
-heartbeat puts the static `heartbeat_timeout` back the moment an iteration fails (`Heartbeat.interrupted`)
+heartbeat puts the static `heartbeat_timeout` back the moment an iteration fails (`Heartbeat.pause`)
 and `hang_timeout_floor` must exceed the liveness timeout, so a lost node is noticed (and the restart
 begun) before the calculated timeout can act on the survivors.
 
