@@ -41,24 +41,20 @@ def test_defaults_are_the_trainers_and_values_arrive_as_written(tmp_path: Path) 
     assert (t.hang_timeout_floor, t.hang_timeout_factor, t.hang_warmup_steps) == (12.5, 2.5, 0)
 
 
-@pytest.mark.parametrize(
-    ("values", "message"),
-    [
-        ({"hangTimeoutFloor": 0}, "at '/hangTimeoutFloor'"),
-        ({"hangTimeoutFactor": 1}, "at '/hangTimeoutFactor'"),
-        ({"hangWarmupSteps": -1}, "at '/hangWarmupSteps'"),
-        ({"hangWarmupSteps": 2.5}, "at '/hangWarmupSteps'"),
-        ({"hangTimeoutFloor": "60"}, "at '/hangTimeoutFloor'"),
-    ],
-)
-def test_schema_rejects(values: dict[str, Any], message: str) -> None:
-    stderr = rejection(values)
-    assert SCHEMA_ERROR in stderr and message in stderr
+def test_schema_rejects_each_bad_value_by_name() -> None:
+    # One render: helm reports every schema violation at once.
+    bad = {"hangTimeoutFloor": 0, "hangTimeoutFactor": 1, "hangWarmupSteps": 2.5}
+    stderr = rejection(bad)
+    assert SCHEMA_ERROR in stderr
+    for name in bad:
+        assert f"at '/{name}'" in stderr, name
+    stderr = rejection({"hangTimeoutFloor": "60", "hangWarmupSteps": -1})
+    assert "at '/hangTimeoutFloor'" in stderr and "at '/hangWarmupSteps'" in stderr
 
 
 @pytest.mark.parametrize(
     ("floor", "liveness", "check_interval"),
-    [(60, 10, 5), (10, 10, 5), (9, 10, 5), (11, 10, 5), (5, 2, 5), (6, 2, 5)],
+    [(60, 10, 5), (10, 10, 5), (11, 10, 5), (5, 2, 5)],
 )
 def test_chart_and_trainer_agree_on_the_floor(floor: float, liveness: float, check_interval: float) -> None:
     """The floor must exceed the liveness timeout (trainer and chart) and the launcher's check interval
