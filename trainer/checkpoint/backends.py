@@ -19,7 +19,7 @@ import logging
 import multiprocessing.util
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,8 +169,12 @@ class NvrxBackend:
     _prewarm: threading.Thread | None = None
     _lock = threading.Lock()
 
-    def __init__(self, write_timeout_s: float) -> None:
+    def __init__(self, write_timeout_s: float, progress: Callable[[], None] | None = None) -> None:
         self.write_timeout_s = write_timeout_s
+        self.progress = progress
+        """Called while start() waits for the worker (a cold start takes seconds to a minute on a loaded
+        host): the in-process Wrapper must not take that wait, bounded by write_timeout_s, for a hang,
+        or every restart kills the starting worker and the next first save waits for a new one."""
         self.stager = Stager()
         self._queue_in_use = self._shared_queue()
 
@@ -218,7 +222,11 @@ class NvrxBackend:
             self._queue_in_use = self._shared_queue()  # the one this backend used was killed by abort()
         prewarm = NvrxBackend._prewarm
         if prewarm is not None and prewarm.is_alive():
-            prewarm.join(self.write_timeout_s)
+            deadline = time.monotonic() + self.write_timeout_s
+            while prewarm.is_alive() and time.monotonic() < deadline:
+                prewarm.join(min(0.5, max(deadline - time.monotonic(), 0.0)))
+                if self.progress is not None:
+                    self.progress()
             if prewarm.is_alive():
                 raise CheckpointWriteError(f"NVRx worker did not start within {self.write_timeout_s} s")
         staged = self.stager.stage(sd)  # the copy out of device memory: the loop waits only for this...
@@ -253,8 +261,12 @@ class NvrxBackend:
         thread = threading.Thread(target=run, name="nvrx-schedule", daemon=True)
         thread.start()
         deadline = time.monotonic() + self.write_timeout_s
+        polls = 0
         while thread.is_alive():
             thread.join(0.02)
+            polls += 1
+            if self.progress is not None and polls % 25 == 0:  # every 0.5 s
+                self.progress()
             if thread.is_alive() and not compat.worker_alive(self._queue_in_use):
                 raise CheckpointWriteError(
                     f"NVRx checkpoint worker died (exit code {compat.worker_exitcode(self._queue_in_use)}) "
@@ -315,11 +327,11 @@ def _close_shared_queue() -> None:
         NvrxBackend._queue = None
 
 
-def make_backend(mode: str, write_timeout_s: float) -> Any:
+def make_backend(mode: str, write_timeout_s: float, progress: Callable[[], None] | None = None) -> Any:
     if mode == "sync":
         return SyncBackend()
     if mode == "torch-async":
         return TorchAsyncBackend()
     if mode == "nvrx":
-        return NvrxBackend(write_timeout_s)
+        return NvrxBackend(write_timeout_s, progress)
     raise ValueError(f"mode: unknown checkpoint mode {mode!r}")

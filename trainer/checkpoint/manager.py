@@ -68,8 +68,8 @@ class CheckpointHooks:
     """Called on a rank with the step when its background write reports done; raising fails the save as
     a failed write would (the ckpt-write-error fault)."""
     progress: Callable[[], None] | None = None
-    """Called between the agreement rounds of a blocking wait (the trainer pings the in-process Wrapper
-    and beats the launcher heartbeat from it): waiting for a write is progress, bounded by write_timeout_s."""
+    """Called between the agreement rounds of a blocking wait and while a save waits for NVRx's worker to
+    start (the trainer pings the in-process Wrapper from it): such waits are bounded by write_timeout_s."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class CheckpointManager:
         self._write_pg: dist.ProcessGroup | None = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=max(cfg.collective_timeout_s, cfg.write_timeout_s))
         )
-        self._backend = make_backend(cfg.mode, cfg.write_timeout_s)
+        self._backend = make_backend(cfg.mode, cfg.write_timeout_s, self.hooks.progress)
         self._pending: _Pending | None = None
         self._fingerprint: str | None = None
         self._unloadable: set[str] = set()  # committed checkpoints that failed to load in this process
