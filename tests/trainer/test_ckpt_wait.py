@@ -1,8 +1,8 @@
-"""Waiting for a save whose peer writes slowly (2 gloo ranks, every mode): the wait is bounded by the
+"""Waiting for a save whose peer writes slowly (2 gloo ranks, per mode): the wait is bounded by the
 write timeout, not by the collective timeout, and it reports progress while it waits.
 
 Before: a rank whose part was done waited for the slow peer inside a collective (the finalize all_reduce,
-or DCP's gather of write results on the writer group), where the 2 s collective timeout failed the save
+or DCP's gather of write results on the writer group), where the collective timeout failed the save
 of a healthy run; and it could not ping the in-process Wrapper from there, so a final save longer than the
 soft timeout restarted a finished run (a second `run_end` of status completed).
 """
@@ -23,9 +23,12 @@ from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointMana
 
 pytestmark = pytest.mark.slow
 
-COLLECTIVE_TIMEOUT_S = 2.0
-SLOW_S = 4.5  # the slow rank's extra time: well past the collective timeout
-MODES = ("sync", "torch-async", "nvrx")
+# 5 s, not less: on a loaded 2-core machine handing a save to NVRx's worker took one rank over 2 s longer
+# than the other, and the next agreement timed out before the wait this test is about even began.
+COLLECTIVE_TIMEOUT_S = 5.0
+SLOW_S = 10.0  # the slow rank's extra time: well past the collective timeout
+# sync's wait is bounded by the same writer-group timeout as torch-async's: make soak runs it.
+MODES = ["nvrx", "torch-async", pytest.param("sync", marks=pytest.mark.soak)]
 
 
 def _save_with_a_slow_peer(rank: int, world_size: int, root: str, mode: str) -> None:
