@@ -145,7 +145,14 @@ def _snapshot_blocked(args: argparse.Namespace) -> dict[str, Any]:
         if measured
         else (inputs.BLOCKED_OVER_FLOOR, "default (the issue's target)")
     )
-    return {"blocked_s": floor * ratio, "floor_s": floor, "blocked_over_floor": ratio, "from": source}
+    return {
+        "blocked_s": floor * ratio,
+        "floor_s": floor,
+        "blocked_over_floor": ratio,
+        "from": source,
+        "state_gib_per_gpu": args.state_gib_per_gpu,
+        "d2h_gb_s": args.d2h_gb_s,
+    }
 
 
 def run_plan(args: argparse.Namespace) -> dict[str, Any]:

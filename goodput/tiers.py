@@ -113,9 +113,13 @@ def rollback_steps(
             out[s.name] = {"steps": s.steps, "from": "given"}
         elif s.source in measured:
             m = measured[s.source]
-            out[s.name] = {"steps": float(m["median"]), "from": f"measured ({s.source})", "measured": m}
+            out[s.name] = {
+                "steps": float(m["median"]),
+                "from": f"measured ({s.source} restores)",
+                "measured": m,
+            }
         else:
-            out[s.name] = {"steps": default, "from": f"default (no {s.source} measurement)"}
+            out[s.name] = {"steps": default, "from": f"assumed, no {s.source} restore measured"}
     return out
 
 
