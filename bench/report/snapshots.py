@@ -101,7 +101,9 @@ def snapshots_section(snap: dict[str, Any], stall: dict[str, Any] | None = None)
         "the same size per rank (bench.ckpt_stall, 2 ranks); *host memory*: the two slots a rank keeps "
         "(double buffering), the extra host memory per rank; *restore*: verify, load and apply, from "
         + ", ".join(f"{s} = {WHERE[s]}" for s in ("memory", "shm", "fsx"))
-        + f". Target: blocked <= {TARGET_X_FLOOR}x the floor.",
+        + f". Target: blocked <= {TARGET_X_FLOOR}x the floor. The durable save's columns come from "
+        "bench.ckpt_stall's own run, at another time and load: compare each blocked time with the floor "
+        "measured beside it, not the two runs' milliseconds with each other.",
         "",
         md_table(
             [
