@@ -9,6 +9,7 @@ measures with the real trainer.snapshot code:
                  can block: the one-copy floor the issue compares against);
 - blocked_s:     SnapshotStore.write as the loop sees it (the copy; the checksum and header follow in a
                  background thread, so they do not count unless the next snapshot has to wait for them);
+                 blocked_over_floor is the median of each snapshot's ratio to the floor copy before it;
 - commit_s:      that background part (CRC32 of the payload + header), measured by the following wait();
 - restore memory: offers (header + CRC verification) + load + set_state_dict, same process (tier 1);
 - restore shm:   the same from a fresh SnapshotStore on the files (what a restarted worker does);
@@ -114,7 +115,9 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
         "host_bytes": 2 * (payload + HEADER_BYTES),
         "floor_s": spread(floor),
         "blocked_s": spread(blocked),
-        "blocked_over_floor": statistics.median(blocked) / statistics.median(floor),
+        # Each snapshot against the floor copy just before it: on a shared machine the load drifts between
+        # repetitions, and a paired ratio cancels what both of a pair saw.
+        "blocked_over_floor": statistics.median(b / f for b, f in zip(blocked, floor, strict=True)),
         "commit_s": spread(commit),
         "restore_s": {"memory": spread(memory), "shm": spread(shm_times), "fsx": spread(fsx)},
     }
