@@ -99,6 +99,8 @@ SCENARIOS: dict[str, PodsScenario] = {
     )
 }
 
+QUICK = ("node-loss/spare", "node-loss/no-spare")
+
 
 @dataclass(frozen=True)
 class PodsConfig:
