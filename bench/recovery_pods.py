@@ -263,6 +263,7 @@ def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> di
     specs = pod_specs(sc, cfg, run_dir, data, port)
     (run_dir / "command.json").write_text(json.dumps(list(specs[0].argv), indent=1))
     out = run_dir / "out"
+    load = os.getloadavg()[0]  # a shared machine: the figures scale with what else runs
     t0 = time.monotonic()
     with LocalJob(
         specs,
@@ -280,7 +281,9 @@ def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> di
             time.sleep(0.1)
         if result is None:
             result = job.wait(timeout_s=0.1)  # stops every pod and reports the timeout
-    return measure(sc, run_dir, result, driver.done, time.monotonic() - t0)
+    rec = measure(sc, run_dir, result, driver.done, time.monotonic() - t0)
+    rec["load_avg_1min"] = load
+    return rec
 
 
 def measure(
@@ -341,7 +344,8 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         runs = [r for r in records if r["scenario"] == name]
         good = [r for r in runs if r.get("ok")]
         entry: dict[str, Any] = {"runs": len(runs), "ok": len(good)}
-        for key in ("mttr_s", "single_mttr_s", "compound_over_single", "linger_s", "worker_group_restarts"):
+        keys = ("mttr_s", "single_mttr_s", "compound_over_single", "linger_s", "worker_group_restarts")
+        for key in (*keys, "load_avg_1min"):
             entry[key] = spread([r[key] for r in good if r.get(key) is not None])
         entry["takeovers"] = sorted({str(r.get("takeover")) for r in good if "takeover" in r})
         ph = [r["phases"] for r in good if r.get("phases")]

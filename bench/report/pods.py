@@ -21,6 +21,13 @@ def pods_section(res: dict[str, Any], one_pod: dict[str, Any] | None) -> str:
     """Markdown for bench.recovery_pods' result; `one_pod`: bench.recovery's, for the comparison column."""
     cfg = res["config"]
     base = (one_pod or {}).get("summary") or {}
+    loads = [float(r["load_avg_1min"]) for r in res.get("runs", []) if r.get("load_avg_1min") is not None]
+    load = (
+        f"The machine's 1-minute load average at the start of these runs: {min(loads):.1f}-{max(loads):.1f} "
+        "(2 cores; every figure here grows with it, the one-pod column was measured on another day)."
+        if loads
+        else "The one-pod column was measured on another day, under another load."
+    )
     rows = []
     for name, s in res["summary"].items():
         beside = BESIDE.get(name)
@@ -62,7 +69,7 @@ def pods_section(res: dict[str, Any], one_pod: dict[str, Any] | None) -> str:
         f"{cfg['liveness_s']:g} s; {res['reps']} repetition(s), median (min-max). *MTTR*: fault -> first "
         "step after it. A compound scenario's first fault is its single fault, measured in the same run. "
         "*ok*: completed, every fault recovered, no pod replaced that nobody killed (no whole-job "
-        "restart). The phases are tools/recovery_phases.py's, for the last fault.",
+        "restart). The phases are tools/recovery_phases.py's, for the last fault. " + load,
         "",
         md_table(header, rows),
         "",
