@@ -1,8 +1,8 @@
 """What the training loop calls: snapshot after a step, restore before the first step, clean up at the end.
 
-One `Snapshots` object per process (held by trainer.train.Trainer), so an in-process restart (tier 1)
-finds the snapshot its previous iteration wrote still mapped (`memory`), and a restarted worker (tier 2)
-finds it in /dev/shm (`shm`).
+One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.train.Trainer), so an
+in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
+a restarted worker (tier 2) finds it in /dev/shm (`shm`).
 """
 
 from __future__ import annotations
@@ -10,15 +10,18 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot.budget import adamw_estimate, check_fits
-from trainer.snapshot.config import SnapshotConfig
+from trainer.snapshot.config import SnapshotConfig, run_fingerprint
 from trainer.snapshot.restore import Restored, restore
 from trainer.snapshot.store import SnapshotStore, WriteResult
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,11 @@ class Snapshots:
         )
         self._checked_bytes = 0
         self.restored: Restored | None = None
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, *, rank: int, world_size: int) -> Snapshots:
+        """The snapshots of this run: `cfg.snapshot`, fingerprinted by what decides the trajectory."""
+        return cls(cfg.snapshot, rank=rank, world_size=world_size, fingerprint=fingerprint_of(cfg))
 
     def check_budget(self, model: torch.nn.Module) -> None:
         """Before the first step: do two snapshots per local rank fit? (estimated from the parameters)."""
@@ -78,3 +86,18 @@ class Snapshots:
     @property
     def directory(self) -> Path:
         return self.cfg.dir
+
+
+def fingerprint_of(cfg: TrainConfig) -> str:
+    """What makes a snapshot this run's: the values that decide the trajectory, and its checkpoint dir."""
+    return run_fingerprint(
+        {
+            "preset": cfg.preset,
+            "data": str(cfg.data_path.resolve()),
+            "seq_len": cfg.seq_len,
+            "micro_batch_size": cfg.micro_batch_size,
+            "lr": cfg.lr,
+            "seed": cfg.seed,
+            "ckpt_dir": str(cfg.ckpt.dir.resolve()),
+        }
+    )
