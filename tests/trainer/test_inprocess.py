@@ -57,7 +57,11 @@ def test_four_rank_exception_recovers_without_waiting_for_the_collective_timeout
     timeouts = ["--collective-timeout=20", "--inprocess-soft-timeout=25", "--inprocess-hard-timeout=30",
                 "--inprocess-barrier-timeout=40", "--heartbeat-timeout=60"]  # fmt: skip
     fault = "--fault=exception:step=5:rank=1"
-    argv = [*torchrun(nproc=4), *trainer_args(token_file, out, "--inprocess", fault, *timeouts, steps=8)]
+    # sync, not the chart's nvrx: with 4 ranks on 2 loaded cores, the 4 NVRx workers' cold start after the
+    # restart held one rank in its first save past the 20 s collective timeout of a peer (a second,
+    # spurious restart; open finding, reported with issue 9). This test is about the abort, not the writer.
+    extra = ["--inprocess", fault, "--ckpt-mode=sync", *timeouts]
+    argv = [*torchrun(nproc=4), *trainer_args(token_file, out, *extra, steps=8)]
     assert run_job(argv, log) == 0, log_tail(log)
     evs = read_events(out)
     (injected,) = of(evs, "fault_injected")
