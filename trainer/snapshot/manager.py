@@ -115,6 +115,15 @@ class Snapshots:
         if self.store is not None:
             self.store.remove()
 
+    def close(self) -> None:
+        """Stop replicating and unmap, leaving every snapshot and replica in place (as a process that
+        ends without completing does)."""
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
+        if self.store is not None:
+            self.store.close()
+
     @property
     def directory(self) -> Path:
         return self.cfg.dir

@@ -90,6 +90,18 @@ class PeerReplicas:
             while self._inflight is not None:
                 self._cond.wait()
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until the newest committed snapshot has been sent (or failed); False if still busy."""
+        self.store.wait()  # its commit queues it
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queued is not None or self._inflight is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or (self._queued is not None and self._holder_address is None):
+                    return False
+                self._cond.wait(left)
+        return True
+
     def _send_loop(self) -> None:
         while True:
             with self._cond:
@@ -186,6 +198,8 @@ class PeerReplicas:
         self.shelf.discard(lambda h: h.step <= step and h.owner == owner)
 
     def close(self, *, remove: bool = False) -> None:
+        if self.store.on_commit == self._committed:
+            self.store.on_commit = None
         with self._cond:
             self._closed = True
             self._cond.notify_all()
