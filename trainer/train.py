@@ -1,286 +1,38 @@
-"""The training loop: process group -> model -> optimizer -> restore -> steps -> final state hash.
+"""The entry point and the tier-1/tier-2 orchestration: `main(cfg)` runs once per process.
 
-`main(cfg)` runs once per process. With tier 1 on, `run_iteration` runs under the NVRx Wrapper and is
-re-run in the same process after a fault; everything distributed is built inside it, held by one
-`Session`, and torn down before an exception leaves it (see trainer/resilience/inprocess.py for why the
-teardown is what makes gloo recovery fast).
-
-Step numbering (shared with the event log and the checkpoints): steps are 0-based; a checkpoint is
-labelled with the last step it includes; a run resumes at `restored.step + 1` (-1 = nothing restored).
+With tier 1 on, `Trainer.run_iteration` runs under the NVRx Wrapper and is re-run in the same process
+after a fault; everything distributed is built inside it, held by one `Session` (trainer/session.py), and
+torn down before an exception leaves it. The steps themselves are trainer/steploop.py; the final state
+digest trainer/state_hash.py; what an exception that left an attempt becomes, trainer/failures.py and
+the branches of `main` below (exit 93, exit 1 for tier 2, re-raise for the launcher).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import hashlib
 import logging
 import os
 import sys
-import threading
 import time
-import traceback
-from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.config import TrainConfig
-from trainer.data import BatchCursor, TokenDataset
-from trainer.data_check import check_batch_tokens
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
+from trainer.failures import drop_frames, one_line, refused_resume
 from trainer.faults import FaultInjector, resolve_ranks
 from trainer.metrics import EventLog, write_summary
-from trainer.model import build_model
 from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports
-from trainer.snapshot.config import run_fingerprint
+from trainer.session import ProcessInfo, Session, select_device
 from trainer.snapshot.manager import Snapshots
+from trainer.state_hash import state_sha256
+from trainer.steploop import ping, train_steps
 from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ProcessInfo:
-    """Where this process sits in the job, from the launcher's environment (torchrun/ft_launcher)."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    node: int
-    restart: int
-
-    @classmethod
-    def from_env(cls) -> ProcessInfo:
-        env = os.environ
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            node=int(env.get("GROUP_RANK", "0")),
-            restart=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        )
-
-
-class TrainerState(Stateful):
-    """What the checkpoint holds besides model and optimizer: last step done, data cursor, RNG."""
-
-    def __init__(self, cursor: BatchCursor) -> None:
-        self.step = -1
-        self.cursor = cursor
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "data": self.cursor.state_dict(), "rng": torch.get_rng_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        self.cursor.load_state_dict(state["data"])
-        torch.set_rng_state(state["rng"])
-
-
-def select_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-class Session:
-    """The distributed objects of one (re)start: built by `open`, dropped all at once by `teardown`.
-
-    Nothing else may keep a reference to the process group, the mesh or the model: gloo closes its
-    sockets (which is what unblocks peers at once) only when the last reference is gone.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.model: torch.nn.Module | None = None
-        self.optim: torch.optim.Optimizer | None = None
-        self.ckpt: Any = None
-        self.trainer: TrainerState | None = None
-        self.mesh: Any = None
-
-    def open(
-        self,
-        cfg: TrainConfig,
-        proc: ProcessInfo,
-        events: EventLog,
-        faults: FaultInjector,
-        store: dist.Store,
-        device: torch.device,
-    ) -> None:
-        """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore."""
-        from datetime import timedelta
-
-        from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
-
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=proc.rank,
-            world_size=proc.world_size,
-            timeout=timedelta(seconds=cfg.timeouts.collective_timeout),
-            device_id=device if device.type == "cuda" else None,
-        )
-        self.mesh = init_device_mesh(device.type, (proc.world_size,))
-        self.model = build_model(cfg.model, mesh=self.mesh, device=device, seed=cfg.seed)
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
-        cursor = BatchCursor(
-            TokenDataset(cfg.data_path),
-            cfg.seq_len,
-            cfg.micro_batch_size,
-            proc.rank,
-            proc.world_size,
-            cfg.seed,
-        )
-        self.trainer = TrainerState(cursor)
-        ckpt_cfg = replace(cfg.ckpt, collective_timeout_s=cfg.timeouts.collective_timeout)
-        manager = CheckpointManager(
-            ckpt_cfg,
-            rank=proc.rank,
-            world_size=proc.world_size,
-            hooks=CheckpointHooks(before_commit=faults.in_checkpoint, after_write=faults.in_write),
-            events=events,
-        )
-        self.ckpt = CheckpointLoop(manager, ckpt_cfg, events, rank=proc.rank, last_step=cfg.steps - 1)
-
-    def state(self) -> dict[str, Any]:
-        return {"model": self.model, "optim": self.optim, "trainer": self.trainer}
-
-    def teardown(self) -> None:
-        """Close the checkpoint manager, drop every reference, destroy the process group. Idempotent."""
-        with self.lock:
-            t0 = time.perf_counter()
-            if self.ckpt is not None:
-                try:
-                    self.ckpt.close()
-                except Exception as exc:  # a failed background write must not block recovery
-                    log.warning("checkpoint manager close failed during teardown: %s", exc)
-            t1 = time.perf_counter()
-            from trainer.resilience.inprocess import destroy_all_process_groups, release_mesh_groups
-
-            if self.mesh is not None:
-                release_mesh_groups(self.mesh)
-            self.model = self.optim = self.ckpt = self.trainer = self.mesh = None
-            # The collection in there matters: FSDP hooks form reference cycles, and the group (with
-            # its sockets) dies only when they are collected.
-            destroy_all_process_groups(collect=True)
-            log.info("teardown: ckpt close %.3f s, groups %.3f s", t1 - t0, time.perf_counter() - t1)
-
-
-def _train_steps(
-    cfg: TrainConfig,
-    proc: ProcessInfo,
-    s: Session,
-    events: EventLog,
-    faults: FaultInjector,
-    heartbeat: Any,
-    call_wrapper: Any,
-    snapshots: Snapshots,
-) -> int:
-    """Restore, then run the remaining steps; returns the last step done. Reads everything via `s`."""
-    assert s.trainer is not None and s.model is not None and s.optim is not None
-    restored = snapshots.restore(s.ckpt, s.state(), next(s.model.parameters()).device, events)
-    if restored >= 0 and s.trainer.step != restored:
-        raise RuntimeError(f"checkpoint of step {restored} holds trainer step {s.trainer.step}")
-    heartbeat.start()
-
-    tokens = cfg.micro_batch_size * cfg.seq_len * proc.world_size
-    loss_buf = torch.zeros(1, device=next(s.model.parameters()).device)
-    for step in range(s.trainer.step + 1, cfg.steps):
-        faults.at_step(step, corrupt_newest=lambda: _corrupt_newest(s))
-        t_start = time.time()
-        inputs, targets = s.trainer.cursor.next_batch()
-        check_batch_tokens(inputs, targets, cfg.model.vocab_size, step=step, path=cfg.data_path)
-        device = loss_buf.device
-        logits = s.model(inputs.to(device))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten())
-        loss.backward()
-        s.optim.step()
-        s.optim.zero_grad(set_to_none=True)
-        loss_buf.copy_(loss.detach())
-        dist.all_reduce(loss_buf)  # mean loss over ranks for the log (and a per-step liveness check)
-        s.trainer.step = step
-        t_end = time.time()
-        if proc.rank == 0:
-            events.emit(
-                "step",
-                step=step,
-                t_start=t_start,
-                t_end=t_end,
-                loss=loss_buf.item() / proc.world_size,
-                tokens=tokens,
-            )
-        snap = snapshots.after_step(step, s.state())
-        if snap is not None:
-            events.emit("snapshot", step=step, blocked_s=snap.blocked_s, copy_s=snap.copy_s, bytes=snap.bytes)
-        heartbeat.beat()
-        if call_wrapper is not None:
-            call_wrapper.ping()
-        s.ckpt.after_step(step, s.state())
-    s.ckpt.finish(s.state())  # run_end follows only once the last step is committed
-    return s.trainer.step
-
-
-def _corrupt_newest(s: Session) -> None:
-    """ckpt-corrupt: make the newest committed checkpoint unreadable (flip bytes in its largest file)."""
-    # No wait() here: it is collective and only the faulting rank is in this function.
-    newest = s.ckpt.latest_committed_path()
-    if newest is None:
-        return
-    files = sorted((p for p in Path(newest).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    if files:
-        with open(files[-1], "r+b") as fh:
-            size = files[-1].stat().st_size
-            fh.seek(size // 2)
-            chunk = fh.read(64)
-            fh.seek(size // 2)
-            fh.write(bytes(b ^ 0xFF for b in chunk))
-            fh.flush()
-            os.fsync(fh.fileno())
-
-
-def state_sha256(model: torch.nn.Module, optim: torch.optim.Optimizer) -> str | None:
-    """sha256 of the full (unsharded) model and optimizer state; a collective, the digest is on rank 0."""
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = {
-        "model": get_model_state_dict(model, options=opts),
-        "optim": get_optimizer_state_dict(model, optim, options=opts),
-    }
-    if dist.get_rank() != 0:
-        return None
-    digest = hashlib.sha256()
-    _hash_into(digest, full)
-    return digest.hexdigest()
-
-
-def _hash_into(digest: Any, value: Any) -> None:
-    if isinstance(value, dict):
-        for key in sorted(value, key=str):
-            digest.update(f"<{key}>".encode())
-            _hash_into(digest, value[key])
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _hash_into(digest, item)
-    elif isinstance(value, torch.Tensor):
-        t = value.detach().cpu().contiguous()
-        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        # reshape(-1): 0-d tensors cannot be viewed as bytes
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    else:
-        digest.update(repr(value).encode())
 
 
 class Trainer:
@@ -306,9 +58,7 @@ class Trainer:
         from trainer.resilience.heartbeat import Heartbeat
 
         self.heartbeat = Heartbeat.from_env()
-        self.snapshots = Snapshots(
-            cfg.snapshot, rank=self.proc.rank, world_size=self.proc.world_size, fingerprint=_fingerprint(cfg)
-        )
+        self.snapshots = Snapshots.for_run(cfg, rank=self.proc.rank, world_size=self.proc.world_size)
         self.store: dist.Store | None = None
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
         self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
@@ -353,7 +103,7 @@ class Trainer:
                 dist.PrefixStore(prefix, self.base_store()),
                 self.device,
             )
-            self.last_step = _train_steps(
+            self.last_step = train_steps(
                 self.cfg,
                 self.proc,
                 session,
@@ -372,90 +122,28 @@ class Trainer:
                 **({"state_sha256": digest} if digest else {}),
             )
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
+            ping(call_wrapper)
             if self.proc.rank == 0:
                 write_summary(self.cfg.out_dir)
             self.snapshots.finish()
+            ping(call_wrapper)
             session.teardown()
             return digest
         except BaseException as exc:
             # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
             # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
-            self.caught = (time.time(), _reason(exc))
+            self.caught = (time.time(), one_line(exc))
             self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.
-            _drop_frames(exc)
+            drop_frames(exc)
             try:
                 session.teardown()
             except BaseException as again:  # the Wrapper's asynchronous RankShouldRestart landed in it
-                _drop_frames(again)
+                drop_frames(again)
                 session.teardown()  # a half-done teardown keeps the sockets open: finish it
                 raise
             raise
-
-
-def _fingerprint(cfg: TrainConfig) -> str:
-    """What makes a snapshot this run's: the values that decide the trajectory, and its checkpoint dir."""
-    return run_fingerprint(
-        {
-            "preset": cfg.preset,
-            "data": str(cfg.data_path.resolve()),
-            "seq_len": cfg.seq_len,
-            "micro_batch_size": cfg.micro_batch_size,
-            "lr": cfg.lr,
-            "seed": cfg.seed,
-            "ckpt_dir": str(cfg.ckpt.dir.resolve()),
-        }
-    )
-
-
-def _drop_frames(exc: BaseException) -> None:
-    """Detach the tracebacks of `exc` and of the exceptions chained to it, keeping them as text (a note).
-
-    `frame.clear()` (traceback.clear_frames) drops a frame's locals but not the function it runs, and
-    `Module._call_impl`'s `inner` is a closure over the module: a collective that failed inside a forward
-    hook leaves a traceback that holds the whole FSDP model, so its process group. NVRx keeps the
-    exception (`state.fn_exception`) until after its iteration barrier; a peer blocked in a collective
-    with this rank (one not connected to the faulting rank) would then wait for the collective timeout.
-    """
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        e = pending.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        tb = e.__traceback__
-        if tb is not None:
-            e.add_note(
-                "Traceback (frames dropped to release the process group):\n"
-                + "".join(traceback.format_tb(tb))
-            )
-            traceback.clear_frames(tb)
-            e.__traceback__ = None
-        pending += [e.__cause__, e.__context__]
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
-
-
-def _refused_resume(exc: BaseException) -> BaseException | None:
-    """The NoLoadableCheckpoint behind `exc` (the in-process Wrapper may wrap it), if any."""
-    from trainer.checkpoint.errors import NoLoadableCheckpoint
-
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        e = pending.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, NoLoadableCheckpoint):
-            return e
-        pending += [e.__cause__, e.__context__]
-    return None
 
 
 def _standalone_env() -> None:
@@ -544,7 +232,7 @@ def main(cfg: TrainConfig) -> int:
         else:
             trainer.run_iteration(None)
     except BaseException as exc:
-        refused = _refused_resume(exc)
+        refused = refused_resume(exc)
         if refused is not None and "TORCHELASTIC_RUN_ID" not in os.environ:
             # A plain run: no launcher to classify it, so say why in one line per checkpoint and exit 2.
             print(refused, file=sys.stderr)
@@ -562,9 +250,9 @@ def main(cfg: TrainConfig) -> int:
             if left is not None:  # the Wrapper saw a dead peer before the launcher did
                 # The reason is the exception that left the Wrapper: LeaveToTier2 itself when the Wrapper
                 # shut down cleanly, else the error NVRx raised while shutting down.
-                trainer.events.emit("fault_detected", tier=2, reason=_reason(exc))
+                trainer.events.emit("fault_detected", tier=2, reason=one_line(exc))
         trainer.events.emit("run_end", step=trainer.last_step, status="failed")
-        log.error("training failed: %s", _reason(exc))
+        log.error("training failed: %s", one_line(exc))
         if cfg.inprocess and left is not None:
             _exit_for_tier2(trainer)
         raise

@@ -58,11 +58,11 @@ def test_state_hash_sees_every_bit_and_ignores_key_order() -> None:
 
     import torch
 
-    from trainer.train import _hash_into
+    from trainer.state_hash import hash_into
 
     def digest(state: dict) -> str:
         h = hashlib.sha256()
-        _hash_into(h, state)
+        hash_into(h, state)
         return h.hexdigest()
 
     base = {

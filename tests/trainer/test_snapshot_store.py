@@ -52,11 +52,11 @@ def train(state: dict, steps: int) -> None:
 
 
 def digest(state: dict) -> str:
-    from trainer.train import _hash_into
+    from trainer.state_hash import hash_into
 
     h = hashlib.sha256()
     sd = build_save_dict(state, 0)
-    _hash_into(h, sd)
+    hash_into(h, sd)
     return h.hexdigest()
 
 

@@ -11,7 +11,7 @@ What this module adds to a plain Wrapper, and why:
   reference does, and a blocked peer then fails at once ("Connection closed by peer"). So the training
   function detaches the tracebacks of the exception (and of those chained to it) before tearing its
   session down and re-raising: a frame of `Module._call_impl`'s closure would otherwise keep the FSDP
-  model, so its groups, alive while NVRx holds the exception (see `_drop_frames` in trainer/train.py).
+  model, so its groups, alive while NVRx holds the exception (see `drop_frames` in trainer/failures.py).
   The abort here destroys every group from the monitor thread as a second line.
 * A rank assignment that never shrinks the world. A dead process is tier 2's job: continuing with fewer
   ranks would change the data layout and the sharding, so a terminated rank makes every survivor leave

@@ -1,9 +1,10 @@
 """What the training loop calls: snapshot after a step, restore before the first step, clean up at the end.
 
-One `Snapshots` object per process (held by trainer.train.Trainer), so an in-process restart (tier 1)
-finds the snapshot its previous iteration wrote still mapped (`memory`), and a restarted worker (tier 2)
-finds it in /dev/shm (`shm`). With two or more nodes each snapshot is also replicated to a rank of the
-next node (`peer`, trainer/snapshot/replica.py), which is where a replaced node's ranks restore from.
+One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.train.Trainer), so an
+in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
+a restarted worker (tier 2) finds it in /dev/shm (`shm`). With two or more nodes each snapshot is also
+replicated to a rank of the next node (`peer`, trainer/snapshot/replica.py), which is where a replaced
+node's ranks restore from.
 """
 
 from __future__ import annotations
@@ -13,18 +14,21 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot.budget import adamw_estimate, check_fits
-from trainer.snapshot.config import SnapshotConfig
+from trainer.snapshot.config import SnapshotConfig, run_fingerprint
 from trainer.snapshot.replica import PeerReplicas
 from trainer.snapshot.replica_net import local_address
 from trainer.snapshot.restore import Restored, restore
 from trainer.snapshot.ring import Ring
 from trainer.snapshot.store import SnapshotStore, WriteResult
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,11 @@ class Snapshots:
         self.peers = self._peers(world_size) if self.store is not None and cfg.replication else None
         self._checked_bytes = 0
         self.restored: Restored | None = None
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, *, rank: int, world_size: int) -> Snapshots:
+        """The snapshots of this run: `cfg.snapshot`, fingerprinted by what decides the trajectory."""
+        return cls(cfg.snapshot, rank=rank, world_size=world_size, fingerprint=fingerprint_of(cfg))
 
     def _peers(self, world_size: int) -> PeerReplicas | None:
         assert self.store is not None
@@ -127,3 +136,18 @@ class Snapshots:
     @property
     def directory(self) -> Path:
         return self.cfg.dir
+
+
+def fingerprint_of(cfg: TrainConfig) -> str:
+    """What makes a snapshot this run's: the values that decide the trajectory, and its checkpoint dir."""
+    return run_fingerprint(
+        {
+            "preset": cfg.preset,
+            "data": str(cfg.data_path.resolve()),
+            "seq_len": cfg.seq_len,
+            "micro_batch_size": cfg.micro_batch_size,
+            "lr": cfg.lr,
+            "seed": cfg.seed,
+            "ckpt_dir": str(cfg.ckpt.dir.resolve()),
+        }
+    )

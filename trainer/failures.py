@@ -1,0 +1,55 @@
+"""What the entry point does with an exception that left a training attempt: release the process group
+its traceback holds, describe it in one line, and find a refused resume behind it."""
+
+from __future__ import annotations
+
+import traceback
+
+
+def drop_frames(exc: BaseException) -> None:
+    """Detach the tracebacks of `exc` and of the exceptions chained to it, keeping them as text (a note).
+
+    `frame.clear()` (traceback.clear_frames) drops a frame's locals but not the function it runs, and
+    `Module._call_impl`'s `inner` is a closure over the module: a collective that failed inside a forward
+    hook leaves a traceback that holds the whole FSDP model, so its process group. NVRx keeps the
+    exception (`state.fn_exception`) until after its iteration barrier; a peer blocked in a collective
+    with this rank (one not connected to the faulting rank) would then wait for the collective timeout.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        tb = e.__traceback__
+        if tb is not None:
+            e.add_note(
+                "Traceback (frames dropped to release the process group):\n"
+                + "".join(traceback.format_tb(tb))
+            )
+            traceback.clear_frames(tb)
+            e.__traceback__ = None
+        pending += [e.__cause__, e.__context__]
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"
+
+
+def refused_resume(exc: BaseException) -> BaseException | None:
+    """The NoLoadableCheckpoint behind `exc` (the in-process Wrapper may wrap it), if any."""
+    from trainer.checkpoint.errors import NoLoadableCheckpoint
+
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, NoLoadableCheckpoint):
+            return e
+        pending += [e.__cause__, e.__context__]
+    return None

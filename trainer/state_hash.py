@@ -1,0 +1,49 @@
+"""The exactness check's digest: a sha256 of the full (unsharded) model and optimizer state.
+
+Two runs that end with the same digest hold bit-identical weights and optimizer moments; the tests compare
+a faulted run's digest with a fault-free one's (rank 0's `run_end` event carries it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+
+
+def state_sha256(model: torch.nn.Module, optim: torch.optim.Optimizer) -> str | None:
+    """sha256 of the full (unsharded) model and optimizer state; a collective, the digest is on rank 0."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = {
+        "model": get_model_state_dict(model, options=opts),
+        "optim": get_optimizer_state_dict(model, optim, options=opts),
+    }
+    if dist.get_rank() != 0:
+        return None
+    digest = hashlib.sha256()
+    hash_into(digest, full)
+    return digest.hexdigest()
+
+
+def hash_into(digest: Any, value: Any) -> None:
+    if isinstance(value, dict):
+        for key in sorted(value, key=str):
+            digest.update(f"<{key}>".encode())
+            hash_into(digest, value[key])
+    elif isinstance(value, list | tuple):
+        for item in value:
+            hash_into(digest, item)
+    elif isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        digest.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        # reshape(-1): 0-d tensors cannot be viewed as bytes
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    else:
+        digest.update(repr(value).encode())
