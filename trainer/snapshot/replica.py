@@ -160,7 +160,7 @@ class PeerReplicas:
         for holder, row in enumerate(rows):
             pairs = row[2:ROW]
             for owner, step in zip(pairs[0::2], pairs[1::2], strict=True):
-                if 0 <= owner < len(rows) and step >= 0 and owner != holder:
+                if 0 <= owner < len(rows) and step >= 0:  # owner == holder: the ranks moved nodes
                     steps[owner].add(step)
                     if owner == self.rank:
                         self._holders.setdefault(step, []).append(holder)
