@@ -52,7 +52,7 @@ def _rank(rank: int, world_size: int, port: int, preset: str, steps: int, root: 
             def load_state_dict(self, sd: dict[str, Any]) -> None:
                 self.step = int(sd["step"])
 
-        state = {"model": model, "optim": optim, "trainer": Trainer()}
+        state: dict[str, Any] = {"model": model, "optim": optim, "trainer": Trainer()}
         snap_cfg = SnapshotConfig(
             interval_steps=1, dir=Path(root) / f"{replication}-node{rank}", replication=replication
         )

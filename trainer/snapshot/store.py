@@ -127,6 +127,7 @@ class SnapshotStore:
         layout = codec.layout_id(skeleton, slots)
         slot = self._free_slot()
         m = self._mapping(slot, HEADER_BYTES + tensor_bytes + len(skel))
+        assert m is not None  # with a size, a mapping is always made
         m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)  # invalid from here until the header is rewritten
         self._written_here.pop(slot, None)
         copied = 0
