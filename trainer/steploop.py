@@ -74,6 +74,7 @@ def train_steps(
         ping(call_wrapper)
         s.ckpt.after_step(step, s.state())
         ping(call_wrapper)  # a save that blocked is progress too: each wait gets the whole soft timeout
+    heartbeat.pause()  # no more steps: the final commit and the run's end are judged by the static timeout
     s.ckpt.finish(s.state())  # run_end follows only once the last step is committed
     ping(call_wrapper)
     return s.trainer.step
