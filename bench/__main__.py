@@ -5,6 +5,8 @@
 Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the others still run):
 
 - recovery    bench.recovery: tier 1 vs tier 2 vs full restart, hang detection (several repetitions)
+- pods        bench.recovery_pods: node loss with and without a hot spare, compound faults (a second
+              fault during recovery), as several local pods (--quick: node loss only, one repetition)
 - ckpt_stall  ``python -m bench.ckpt_stall --mib 64 256 1024 --out <json>`` (the checkpoint engineer's
               bench; --quick: its own short pass)
 - snapshot    ``python -m bench.snapshot --mib 64 256 1024 --out <json>``: host-memory snapshot blocked
@@ -34,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import goodput
-from bench import recovery, report
+from bench import recovery, recovery_pods, report
 from goodput.cli import build_parser, run_plan
 from goodput.montecarlo import simulate
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("recovery", "ckpt_stall", "snapshot", "synth", "planner")
+PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "planner")
 
 
 def run_recovery(results: Path, quick: bool) -> None:
@@ -51,6 +53,16 @@ def run_recovery(results: Path, quick: bool) -> None:
     failed = {n: s for n, s in res["summary"].items() if s["ok"] < s["runs"]}
     if failed:
         raise RuntimeError(f"recovery runs failed: {sorted(failed)} (see out/bench/recovery/*/pod*.log)")
+
+
+def run_pods(results: Path, quick: bool) -> None:
+    names = list(recovery_pods.QUICK) if quick else list(recovery_pods.SCENARIOS)
+    cfg = recovery_pods.PodsConfig()
+    res = recovery_pods.run(names, 1 if quick else 3, REPO / "out" / "bench" / "recovery_pods", cfg)
+    _write(results / "recovery_pods.json", res)
+    failed = {n: s for n, s in res["summary"].items() if s["ok"] < s["runs"]}
+    if failed:
+        raise RuntimeError(f"pod recovery runs failed: {sorted(failed)} (see out/bench/recovery_pods/*/logs)")
 
 
 def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) -> None:
@@ -241,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     jobs: dict[str, Callable[[], None]] = {
         "recovery": lambda: run_recovery(args.results, args.quick),
+        "pods": lambda: run_pods(args.results, args.quick),
         "ckpt_stall": lambda: run_module(
             "bench.ckpt_stall", args.results / "ckpt_stall.json", CKPT_ARGS[args.quick], 900
         ),

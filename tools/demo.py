@@ -29,9 +29,10 @@ import yaml
 from goodput import predict_from_summary
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
-from tools.pod_roles import role_changes, takeover_after
+from tools.pod_roles import active_at, role_changes, takeover_after
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
 from tools.ports import free_port
+from tools.recovery_phases import describe, launcher_events, phases
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
 
@@ -267,7 +268,8 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 # -- 4. report -----------------------------------------------------------------------------------
-def report(run_dir: Path, out: Path, job_ok: bool) -> dict[str, Any]:
+def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, Any]:
+    """Summarize the run; `nproc`: ranks per pod (to tell which node a lost rank was on)."""
     summary_path = write_summary(run_dir)
     summary = json.loads(summary_path.read_text())
     prediction = predict_from_summary(summary_path)
@@ -303,23 +305,30 @@ def report(run_dir: Path, out: Path, job_ok: bool) -> dict[str, Any]:
         ],
         "summary": str(summary_path),
     }
-    for fault in result["faults"]:
-        fault["takeover"] = _takeover(out / "logs", summary, fault)
+    events, _ = read_events(run_dir)
+    launcher = launcher_events(out / "logs") if (out / "logs").is_dir() else []
+    for fault, raw in zip(result["faults"], summary["faults"], strict=True):
+        fault["takeover"] = _takeover(out / "logs", raw, nproc)
+        fault["phases_s"] = phases(events, launcher, float(raw["t"]))
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     draw(run_dir, summary, out / "timeline.png")
     print_report(result, out)
     return result
 
 
-def _takeover(log_dir: Path, summary: dict[str, Any], fault: dict[str, Any]) -> dict[str, Any] | None:
-    """For a lost node: which hot spare took its place (from the launchers' logs), else None."""
+def _takeover(log_dir: Path, fault: dict[str, Any], nproc: int) -> dict[str, Any] | None:
+    """For a lost node: the pod lost and the hot spare that took its place ("pod": None when no spare
+    did), from the launchers' logs; None for other faults."""
     if fault["type"] != "node-loss" or not log_dir.is_dir():
         return None
-    t_fault = next((float(f["t"]) for f in summary["faults"] if f["step"] == fault["step"]), None)
-    took = takeover_after(role_changes(log_dir), t_fault) if t_fault is not None else None
+    changes = role_changes(log_dir)
+    t_fault = float(fault["t"])
+    node = min(int(r) for r in fault["ranks"]) // nproc
+    took = takeover_after(changes, t_fault)
+    lost = active_at(changes, t_fault, node)
     if took is None:
-        return None
-    return {"pod": took.spare, "node_rank": took.rank, "joined_after_s": took.joined_after_s,
+        return {"lost": lost, "node_rank": node, "pod": None, "joined_after_s": None, "new_spares": []}
+    return {"lost": lost, "node_rank": took.rank, "pod": took.spare, "joined_after_s": took.joined_after_s,
             "new_spares": list(took.new_spares)}  # fmt: skip
 
 
@@ -348,13 +357,20 @@ def print_report(r: dict[str, Any], out: Path) -> None:
                 else ""
             )
         )
-        if f.get("takeover"):
-            took = f["takeover"]
+        took = f.get("takeover")
+        if took and took["pod"]:
             lines.append(
-                f"             hot spare {took['pod']} took over as node {took['node_rank']} "
-                f"({took['joined_after_s']:.2f} s after the loss); standing by now: "
-                f"{', '.join(took['new_spares']) or 'none'}"
+                f"             {took['lost'] or 'the lost pod'} lost; hot spare {took['pod']} took over as "
+                f"node {took['node_rank']} ({took['joined_after_s']:.2f} s after the loss); standing by "
+                f"now: {', '.join(took['new_spares']) or 'none'}"
             )
+        elif took:
+            lines.append(
+                f"             {took['lost'] or 'the lost pod'} lost; NO hot spare took over (the job "
+                "waited for the lost pod's replacement)"
+            )
+        if f.get("phases_s"):
+            lines.append(f"             where the time went: {describe(f['phases_s'])}")
     ck = r["checkpoint"]
     lines += [
         f"checkpoints   {ck['saves']} saves, {ck['commits']} committed; training blocked "
@@ -394,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     say("3/4 run the pod command locally (CPU, gloo)")
     job_ok = run_pods(pod, out, args.timeout)
     say("4/4 report")
-    result = report(out / "fsx" / "runs", out, job_ok)
+    result = report(out / "fsx" / "runs", out, job_ok, int(pod.trainer.env["NPROC_PER_NODE"]))
     faults_ok = bool(result["faults"]) and all(f["recovered"] for f in result["faults"])
     return 0 if job_ok and faults_ok else 1
 

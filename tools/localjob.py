@@ -19,6 +19,33 @@ from typing import Any
 
 from tools.localpod import LocalPod
 
+#: Launchers whose rendezvous takes torch's `--rdzv-conf` (and its `is_host` key).
+RDZV_LAUNCHERS = ("ft_launcher", "torchrun")
+
+
+def with_rdzv_host(argv: Sequence[str], is_host: bool) -> list[str]:
+    """`argv` with `is_host=1|0` added to its launcher's `--rdzv-conf`.
+
+    On a cluster only pod 0's host name matches the rendezvous endpoint, so its launcher alone hosts the
+    store and closes the rounds. On one machine every launcher matches 127.0.0.1 (torch counts every
+    loopback address as this machine), and each one then closed the barrier rendezvous' rounds on its own:
+    two pods were seen given the same node rank. Commands that are not a launcher are returned as they are.
+    """
+    argv = list(argv)
+    flag = f"is_host={int(is_host)}"
+    for i, arg in enumerate(argv):
+        if arg.startswith(("--rdzv-conf=", "--rdzv_conf=")):
+            argv[i] = f"{arg}{'' if arg.endswith('=') else ','}{flag}"
+            return argv
+        if arg in ("--rdzv-conf", "--rdzv_conf") and i + 1 < len(argv):
+            argv[i + 1] = f"{argv[i + 1]},{flag}" if argv[i + 1] else flag
+            return argv
+        if arg == "-m":
+            break  # the trainer's own arguments follow
+    if argv and Path(argv[0]).name in RDZV_LAUNCHERS:
+        argv.insert(1, f"--rdzv-conf={flag}")
+    return argv
+
 
 @dataclass(frozen=True)
 class PodSpec:
@@ -79,7 +106,7 @@ class LocalJob:
         the endpoint's host name, so it alone hosts the c10d store. On one machine every launcher
         matches 127.0.0.1 and the first to bind wins, so `start` waits (up to `host_wait_s`) until
         pod 0 listens there before starting the others; replacements of other pods then join as
-        clients."""
+        clients. With `host_port`, each launcher is also told whether it hosts (`with_rdzv_host`)."""
         if not pods:
             raise ValueError("pods: at least one pod is needed")
         if backoff_limit < 0:
@@ -189,7 +216,8 @@ class LocalJob:
         for directory in spec.fresh_dirs:
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
-        pod = LocalPod(spec.name, spec.argv, spec.env, spec.log_path)
+        argv = with_rdzv_host(spec.argv, index == 0) if self._host_port is not None else list(spec.argv)
+        pod = LocalPod(spec.name, argv, spec.env, spec.log_path)
         pod.start()
         self._pods[index] = pod
         self._emit("pod_start", {"index": index, "attempt": attempt, "pid": pod.pid, "name": spec.name})

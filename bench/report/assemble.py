@@ -1,7 +1,7 @@
 """Turn the benchmark JSON under bench/results/ into markdown tables, PNG plots and the README section.
 
-Reads whatever results exist (recovery.json, ckpt_stall.json, synth.json, planner.json), writes
-``bench/results/RESULTS.md`` and the plots next to it, and replaces the text between
+Reads whatever results exist (recovery.json, recovery_pods.json, ckpt_stall.json, synth.json,
+planner.json), writes ``bench/results/RESULTS.md`` and the plots next to it, and replaces the text between
 ``<!-- bench:results:start -->`` and ``<!-- bench:results:end -->`` in README.md - nothing else there.
 
     python -m bench.report [--results bench/results] [--readme README.md]
@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.report.fmt import rows_section
 from bench.report.planner import planner_section
+from bench.report.pods import pods_section
 from bench.report.recovery import recovery_plot, recovery_section
 from bench.report.snapshots import snapshots_section
 from bench.report.synth import synth_plot, synth_section
@@ -50,6 +51,9 @@ def build(results: Path) -> str:
         parts.append(recovery_section(rec))
         if recovery_plot(rec, results / "recovery.png"):
             parts += ["![recovery](bench/results/recovery.png)", ""]
+    pods = _load(results / "recovery_pods.json")
+    if pods:
+        parts.append(pods_section(pods, rec))
     stall = _load(results / "ckpt_stall.json")
     if stall:
         parts.append(rows_section("Checkpoint stall", stall))

@@ -13,7 +13,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - --rdzv-endpoint=$(RDZV_ENDPOINT)
 - --rdzv-id=$(JOB_ID)
 - --ft-rdzv-impl=barrier
-- --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }}
+- --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }},last_call_timeout={{ int $v.rdzvLastCallTimeout }}
 - --max-restarts={{ int $v.maxRestarts }}
 - {{ printf "--monitor-interval=%v" $v.monitorInterval | quote }}
 - --workers-stop-timeout={{ int $v.workersStopTimeout }}

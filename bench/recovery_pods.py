@@ -1,0 +1,400 @@
+"""Recovery across pods: a lost node with and without a hot spare, and compound faults (a second fault
+while the first is being recovered).
+
+Each scenario runs the chart's pod command (Contract 2) as several local pods under tools/localjob.py (the
+Job controller: a dead pod is replaced after ``replace_delay_s``, the time a cluster takes to schedule a
+new node), injects faults with the trainer's ``--fault`` option and, for a compound fault, a second one
+from outside at the moment it must hit:
+
+==============================  ================================================================
+scenario                        faults
+==============================  ================================================================
+node-loss/spare                 node 1 lost (every process of its pod killed); a hot spare waits
+node-loss/no-spare              the same, no spare: the round waits for the replacement pod
+compound/rank-during-restart    a rank SIGKILLed, then another one; while ft_launcher restarts the
+                                worker group, one of the new workers is SIGKILLed as it starts
+compound/spare-during-join      node 1 lost (the spare takes over, the lost pod's replacement
+                                becomes the new spare); node 1 lost again and the new spare is
+                                lost too, right after the round admitted it
+compound/monitors-then-rank     ft_launcher's rank monitors killed, then a rank SIGKILLed
+==============================  ================================================================
+
+Per run: the MTTR of every fault (trainer.metrics.summarize: fault -> first step after it), for a compound
+scenario the single fault's MTTR measured in the same run (its first fault) and the compound one's (its
+last), worker-group restarts, pod attempts per index (a whole-job restart shows as a replaced pod that
+nobody killed), ``linger_s`` (first pod that finished -> last pod gone), the hot spare that took over and
+where the last recovery's time went (tools/recovery_phases.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.recovery_measure import spread
+from tools.localjob import JobResult, LocalJob, PodSpec
+from tools.pod_roles import role_changes, takeover_after
+from tools.ports import free_port
+from tools.recovery_phases import launcher_events, phases
+
+REPO = Path(__file__).resolve().parent.parent
+FAIL_JOB_EXIT_CODES = (2, 93)  # the chart's failJobExitCodes
+
+
+@dataclass(frozen=True)
+class PodsScenario:
+    name: str
+    nodes: int
+    spares: int
+    nproc: int
+    faults: tuple[str, ...]
+    """The trainer's --fault specs."""
+    action: str = ""
+    """What the driver does from outside: "" (nothing), "kill-restarting-worker" (after the last fault,
+    SIGKILL the first new worker process), "kill-joining-spare" (after the last fault, lose the spare's
+    pod as soon as the round admitted it), "kill-monitors" (at step 3, SIGKILL the rank monitors)."""
+    inprocess: bool = True
+
+
+SCENARIOS: dict[str, PodsScenario] = {
+    s.name: s
+    for s in (
+        PodsScenario("node-loss/spare", 2, 1, 1, ("node-loss:step=6:node=1",)),
+        PodsScenario("node-loss/no-spare", 2, 0, 1, ("node-loss:step=6:node=1",)),
+        PodsScenario(
+            "compound/rank-during-restart",
+            1,
+            0,
+            2,
+            ("sigkill:step=4:rank=1", "sigkill:step=9:rank=1"),
+            "kill-restarting-worker",
+            inprocess=False,
+        ),
+        PodsScenario(
+            "compound/spare-during-join",
+            2,
+            1,
+            1,
+            ("node-loss:step=4:node=1", "node-loss:step=10:node=1"),
+            "kill-joining-spare",
+        ),
+        PodsScenario(
+            "compound/monitors-then-rank",
+            1,
+            0,
+            2,
+            ("sigkill:step=8:rank=1",),
+            "kill-monitors",
+            inprocess=False,
+        ),
+    )
+}
+
+QUICK = ("node-loss/spare", "node-loss/no-spare")
+
+
+@dataclass(frozen=True)
+class PodsConfig:
+    steps: int = 14
+    ckpt_interval: int = 3
+    tokens: int = 200_000
+    replace_delay_s: float = 10.0
+    """Seconds before the Job controller's replacement pod starts (a new node takes minutes on EKS)."""
+    last_call_s: int = 0
+    """rdzvLastCallTimeout (the demo's: see tools/demo-values.yaml)."""
+    liveness_s: float = 3.0
+    run_timeout_s: float = 300.0
+
+
+def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
+    """The chart values of a scenario: the demo's timeouts, a small sync-checkpointed CPU run."""
+    return {
+        "nodes": sc.nodes,
+        "spareNodes": sc.spares,
+        "gpusPerNode": sc.nproc,
+        "preset": "tiny",
+        "seqLen": 32,
+        "microBatchSize": 2,
+        "steps": cfg.steps,
+        "seed": 0,
+        "ckptInterval": cfg.ckpt_interval,
+        "ckptKeep": 3,
+        "ckptMode": "sync",
+        "snapshotInterval": 0,  # the lost node's snapshots die with it: recovery is from the checkpoint
+        "inprocess": sc.inprocess,
+        "collectiveTimeout": 10,
+        "inprocessSoftTimeout": 15,
+        "inprocessHardTimeout": 20,
+        "inprocessBarrierTimeout": 25,
+        "ftRankHeartbeatTimeout": 30,
+        "inprocessLivenessTimeout": cfg.liveness_s,
+        "ftInitialRankHeartbeatTimeout": 60,
+        "ftWorkloadCheckInterval": 1,
+        "monitorInterval": 0.5,
+        "maxRestarts": 6,
+        "workersStopTimeout": 5,
+        "terminationGracePeriodSeconds": 15,
+        "rdzvJoinTimeout": 120,
+        "rdzvLastCallTimeout": cfg.last_call_s,
+        "faults": {f"f{i}": spec for i, spec in enumerate(sc.faults)},
+    }
+
+
+def make_data(path: Path, cfg: PodsConfig) -> Path:
+    if not path.exists():
+        from trainer.data import write_synthetic_tokens
+        from trainer.model import PRESETS
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_synthetic_tokens(path, cfg.tokens, PRESETS["tiny"].vocab_size, seed=3)
+    return path
+
+
+def pod_specs(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path, port: int) -> list[PodSpec]:
+    """One PodSpec per Job index (nodes + spares), each with its own node-local directories."""
+    from tools.podcommand import LocalPlaces, pod_argv
+
+    stores = free_port(span=2)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        # Outside the ephemeral range, as tests/trainer/_jobs.py run_job does (MASTER_PORT+1/+2 collided).
+        "TRAINER_PG_PORT": str(stores),
+        "TRAINER_INPROCESS_PORT": str(stores + 1),
+    }
+    specs = []
+    for index in range(sc.nodes + sc.spares):
+        places = LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt", run_dir / f"local{index}")
+        pod_env = {**env, "GROUP_RANK": str(index), "JOB_COMPLETION_INDEX": str(index)}
+        argv = pod_argv(pod_values(sc, cfg), places)
+        specs.append(PodSpec(f"pod-{index}", argv, pod_env, run_dir / "logs" / f"pod-{index}.log"))
+    return specs
+
+
+def _read_events(out: Path) -> list[dict[str, Any]]:
+    from trainer.metrics import read_events
+
+    return read_events(out)[0] if out.is_dir() else []
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class Driver:
+    """The scenario's outside action, called every poll with the events so far; records what it did."""
+
+    def __init__(self, sc: PodsScenario, job: LocalJob, log_dir: Path) -> None:
+        self.sc, self.job, self.log_dir = sc, job, log_dir
+        self.done: dict[str, Any] | None = None
+        self._old_workers: set[int] = set()
+
+    def workers(self) -> set[int]:
+        """Pod 0's worker processes (`python -u -m trainer`, children of its launcher)."""
+        launcher = self.job.pod(0).pid
+        return {
+            p for p in self.job.pod(0).processes() if _ppid(p) == launcher and "-m trainer" in _cmdline(p)
+        }
+
+    def __call__(self, events: list[dict[str, Any]]) -> None:
+        if self.done is not None or not self.sc.action:
+            return
+        injected = [e for e in events if e["ev"] == "fault_injected"]
+        last_fault_fired = len({(e["fault"], e["step"]) for e in injected}) == len(self.sc.faults)
+        if self.sc.action == "kill-monitors":
+            if any(e["ev"] == "step" and int(e["step"]) >= 3 for e in events):
+                launcher = self.job.pod(0).pid
+                monitors = [
+                    p
+                    for p in self.job.pod(0).processes()
+                    if _ppid(p) == launcher and "ft_launcher" in _cmdline(p)
+                ]
+                for pid in monitors:
+                    os.kill(pid, signal.SIGKILL)
+                self.done = {"action": self.sc.action, "t": time.time(), "pids": sorted(monitors)}
+        elif self.sc.action == "kill-restarting-worker":
+            if not last_fault_fired:
+                self._old_workers |= self.workers()
+                return
+            new = self.workers() - self._old_workers
+            if new:
+                pid = min(new)
+                os.kill(pid, signal.SIGKILL)
+                self.done = {"action": self.sc.action, "t": time.time(), "pids": [pid]}
+        elif self.sc.action == "kill-joining-spare" and last_fault_fired:
+            t_fault = max(float(e["t"]) for e in injected)
+            took = takeover_after(role_changes(self.log_dir), t_fault)
+            if took is not None:
+                index = int(took.spare.rsplit("-", 1)[1])
+                pids = self.job.kill_pod(index)
+                self.done = {
+                    "action": self.sc.action,
+                    "t": time.time(),
+                    "pod": took.spare,
+                    "pids": sorted(pids),
+                }
+
+
+def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> dict[str, Any]:
+    """Run one scenario once; its figures (see the module docstring)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    specs = pod_specs(sc, cfg, run_dir, data, port)
+    (run_dir / "command.json").write_text(json.dumps(list(specs[0].argv), indent=1))
+    out = run_dir / "out"
+    load = os.getloadavg()[0]  # a shared machine: the figures scale with what else runs
+    t0 = time.monotonic()
+    with LocalJob(
+        specs,
+        backoff_limit=len(specs) + 2,
+        fail_job_exit_codes=FAIL_JOB_EXIT_CODES,
+        replace_delay_s=cfg.replace_delay_s,
+        host_port=port,
+    ) as job:
+        job.start()
+        driver = Driver(sc, job, run_dir / "logs")
+        result: JobResult | None = None
+        while result is None and time.monotonic() - t0 < cfg.run_timeout_s:
+            driver(_read_events(out))
+            result = job.poll()
+            time.sleep(0.1)
+        if result is None:
+            result = job.wait(timeout_s=0.1)  # stops every pod and reports the timeout
+    rec = measure(sc, run_dir, result, driver.done, time.monotonic() - t0)
+    rec["load_avg_1min"] = load
+    return rec
+
+
+def measure(
+    sc: PodsScenario, run_dir: Path, result: JobResult, action: dict[str, Any] | None, wall_s: float
+) -> dict[str, Any]:
+    from trainer.metrics import summarize
+
+    out = run_dir / "out"
+    summary = summarize(out) if out.is_dir() else {}
+    faults = summary.get("faults") or []
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("pod-*.log")))
+    finished = [e.t for e in result.exits if e.reason == "succeeded"]
+    nodes_lost = sum(1 for f in faults if f["type"] == "node-loss")
+    rec: dict[str, Any] = {
+        "scenario": sc.name,
+        "succeeded": result.succeeded,
+        "reason": result.reason,
+        "wall_s": wall_s,
+        "status": summary.get("status"),
+        "faults": [
+            {k: f.get(k) for k in ("type", "step", "tier", "mttr_s", "steps_recomputed")} for f in faults
+        ],
+        "mttr_s": faults[-1]["mttr_s"] if faults else None,
+        "single_mttr_s": faults[0]["mttr_s"] if len(faults) > 1 else None,
+        "worker_group_restarts": logs.count("will restart worker group"),
+        "pod_attempts": {i: result.attempts(i) for i in sorted({e.index for e in result.exits})},
+        "pod_exits": [asdict(e) for e in result.exits],
+        "linger_s": (max(e.t for e in result.exits) - min(finished)) if finished else None,
+        "action": action,
+    }
+    # Pods that ended before the job did and were not lost on purpose: a whole-job (pod) restart.
+    lost_on_purpose = nodes_lost + (1 if sc.action == "kill-joining-spare" else 0)
+    early = [e for e in result.exits if e.reason != "succeeded"]
+    rec["unplanned_pod_restarts"] = max(0, len(early) - lost_on_purpose)
+    if rec["single_mttr_s"] and rec["mttr_s"]:
+        rec["compound_over_single"] = rec["mttr_s"] / rec["single_mttr_s"]
+    if faults and (run_dir / "logs").is_dir():
+        t_last = float(faults[-1]["t"])
+        rec["phases"] = phases(_read_events(out), launcher_events(run_dir / "logs"), t_last)
+        if sc.spares:
+            took = takeover_after(role_changes(run_dir / "logs"), float(faults[0]["t"]))
+            rec["takeover"] = took.spare if took else None
+    rec["ok"] = bool(
+        result.succeeded
+        and summary.get("status") == "completed"
+        and len(faults) == len(sc.faults)
+        and all(f.get("recovered") for f in faults)
+        and (not sc.action or action is not None)
+        and rec["unplanned_pod_restarts"] == 0
+    )
+    return rec
+
+
+def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Median, min and max per scenario over the successful repetitions."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["scenario"] for r in records):
+        runs = [r for r in records if r["scenario"] == name]
+        good = [r for r in runs if r.get("ok")]
+        entry: dict[str, Any] = {"runs": len(runs), "ok": len(good)}
+        keys = ("mttr_s", "single_mttr_s", "compound_over_single", "linger_s", "worker_group_restarts")
+        for key in (*keys, "load_avg_1min"):
+            entry[key] = spread([r[key] for r in good if r.get(key) is not None])
+        entry["takeovers"] = sorted({str(r.get("takeover")) for r in good if "takeover" in r})
+        ph = [r["phases"] for r in good if r.get("phases")]
+        if ph:
+            entry["phases"] = {k: spread([p[k] for p in ph]) for k in ph[0]}
+        out[name] = entry
+    return out
+
+
+def run(
+    names: Sequence[str], reps: int, work: Path, cfg: PodsConfig, log: Callable[[str], Any] = print
+) -> dict[str, Any]:
+    """``reps`` repetitions of each scenario, interleaved."""
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise ValueError(f"scenarios: unknown {unknown}; choose from {sorted(SCENARIOS)}")
+    data = make_data(work / "tokens.npy", cfg)
+    records = []
+    for rep in range(reps):
+        for name in names:
+            rec = run_once(SCENARIOS[name], cfg, work / f"{name.replace('/', '-')}-rep{rep}", data)
+            rec["rep"] = rep
+            records.append(rec)
+            log(
+                f"recovery_pods {name} rep {rep}: ok={rec['ok']} mttr={rec['mttr_s']} "
+                f"single={rec['single_mttr_s']} linger={rec['linger_s']} ({rec['wall_s']:.0f} s)"
+            )
+    return {
+        "config": asdict(cfg),
+        "scenarios": {n: asdict(SCENARIOS[n]) for n in names},
+        "reps": reps,
+        "runs": records,
+        "summary": aggregate(records),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.recovery_pods", description=__doc__.split("\n")[0])
+    p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--work", type=Path, default=REPO / "out" / "bench" / "recovery_pods")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "recovery_pods.json")
+    args = p.parse_args(argv)
+    result = run(args.scenario or list(SCENARIOS), args.reps, args.work, PodsConfig())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0 if all(v["ok"] == v["runs"] for v in result["summary"].values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
