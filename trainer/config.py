@@ -185,6 +185,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--snapshot-dir", type=Path, default=SNAPSHOT_DIR, help="memory-backed dir for the snapshots"
     )
     p.add_argument(
+        "--snapshot-replication",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also keep each snapshot on a rank of the next node (needs 2+ nodes)",
+    )
+    p.add_argument(
         "--out-dir", type=Path, default=Path("out/run"), help="events, summary.json, fault markers"
     )
     p.add_argument(
@@ -303,5 +309,9 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         metrics_linger=args.metrics_linger,
         device=args.device,
         max_repeated_faults=args.max_repeated_faults,
-        snapshot=SnapshotConfig(interval_steps=args.snapshot_interval, dir=args.snapshot_dir),
+        snapshot=SnapshotConfig(
+            interval_steps=args.snapshot_interval,
+            dir=args.snapshot_dir,
+            replication=args.snapshot_replication,
+        ),
     )

@@ -53,6 +53,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
 - --snapshot-interval={{ int $v.snapshotInterval }}
 - --snapshot-dir=$(SNAPSHOT_DIR)
+- {{ ternary "--snapshot-replication" "--no-snapshot-replication" $v.snapshotReplication }}
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
 - {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
 - {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}

@@ -20,7 +20,8 @@ def test_snapshots_are_off_by_default_and_parse(token_file: Path) -> None:
     cfg = config_from_args(_args(token_file, "--snapshot-interval=2", "--snapshot-dir=/dev/shm/x"), env={})
     assert cfg.snapshot == SnapshotConfig(interval_steps=2, dir=Path("/dev/shm/x"))
     assert [s for s in range(6) if cfg.snapshot.due(s)] == [1, 3, 5]
-    assert cfg.to_dict()["snapshot"] == {"interval_steps": 2, "dir": "/dev/shm/x"}
+    assert cfg.to_dict()["snapshot"] == {"interval_steps": 2, "dir": "/dev/shm/x", "replication": True}
+    assert not config_from_args(_args(token_file, "--no-snapshot-replication"), env={}).snapshot.replication
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
-"""Does a rank's snapshot fit in the pod's memory-backed /dev/shm? Checked before the first step.
+"""Do a rank's snapshots and the peer replicas it keeps fit in the pod's /dev/shm? Checked before step 0.
 
-Each rank keeps two slots (double buffering); every local rank of the pod shares the same tmpfs. A
-snapshot that does not fit would fail with SIGBUS on the first page the kernel cannot back, in the
-middle of a step, on every restart alike: so it is an UnrecoverableError, reported in one line.
+Each rank keeps two slots of its own (double buffering); with peer replication it also keeps two slots
+of one rank on the previous node (trainer/snapshot/ring.py) and, while restoring a replaced node, one
+snapshot pulled back from its peer. Every local rank of the pod shares the same tmpfs. A snapshot that
+does not fit would fail with SIGBUS on the first page the kernel cannot back, in the middle of a step,
+on every restart alike: so it is an UnrecoverableError, reported in one line.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from trainer.snapshot.store import HEADER_BYTES
 MiB = 1 << 20
 COPIES = 2
 """Slots per rank: the newest snapshot and the one being written."""
+PEER_COPIES = COPIES + 1
+"""With replication: two slots of the peer's replica, and one replica pulled back at a restore."""
+_SLOT_FILES = ("rank*.slot*", "replicas/rank*.slot*", "pulled/rank*.slot*")
 
 
 def adamw_estimate(param_bytes: int, params: int) -> int:
@@ -24,21 +29,33 @@ def adamw_estimate(param_bytes: int, params: int) -> int:
     return 3 * param_bytes + params * per_param_overhead + 64 * 1024 + HEADER_BYTES
 
 
-def check_fits(directory: Path, bytes_per_copy: int, *, local_ranks: int) -> int:
+def copies_per_rank(replicated: bool) -> int:
+    return COPIES + (PEER_COPIES if replicated else 0)
+
+
+def check_fits(directory: Path, bytes_per_copy: int, *, local_ranks: int, replicated: bool = False) -> int:
     """Raise UnrecoverableError if `local_ranks` ranks' slots cannot fit; returns the bytes needed.
 
-    Space already held by slot files in the directory counts as available: they are resized in place.
+    Space already held by slot files in the directory (own, replicas, pulled) counts as available: they
+    are resized in place or replaced.
     """
     directory.mkdir(parents=True, exist_ok=True)
     st = os.statvfs(directory)
-    held = sum(p.stat().st_size for p in directory.glob("rank*.slot*") if p.is_file())
+    held = sum(p.stat().st_size for pattern in _SLOT_FILES for p in directory.glob(pattern) if p.is_file())
     available = st.f_bavail * st.f_frsize + held
-    need = COPIES * bytes_per_copy * local_ranks
+    copies = copies_per_rank(replicated)
+    need = copies * bytes_per_copy * local_ranks
     if need > available:
+        what = f"{COPIES} own + {PEER_COPIES} peer replica" if replicated else f"{COPIES}"
+        off = (
+            "snapshot_interval 0, or peer replication off: snapshot_replication false"
+            if replicated
+            else ("snapshot_interval 0")
+        )
         raise UnrecoverableError(
             "snapshot_dir",
             f"{directory} has {available / MiB:.0f} MiB free, snapshots need {need / MiB:.0f} MiB "
-            f"({local_ranks} local ranks x {COPIES} copies x {bytes_per_copy / MiB:.1f} MiB): give the pod "
-            "a larger /dev/shm (chart: shmSize) or turn snapshots off (snapshot_interval 0)",
+            f"({local_ranks} local ranks x {what} copies x {bytes_per_copy / MiB:.1f} MiB): give the pod "
+            f"a larger /dev/shm (chart: shmSize) or turn snapshots off ({off})",
         )
     return need

@@ -142,7 +142,7 @@ def fill(template: Any, skeleton: Any, source: Any) -> Any:
                 raise ValueError(f"snapshot keys differ: {sorted(map(str, set(pairs) ^ set(t)))[:5]}")
             return {k: walk(t[k], pairs[k]) for k in t}
         if isinstance(t, list | tuple) and isinstance(node, dict) and ("l" in node or "t" in node):
-            items = node.get("l", node.get("t"))
+            items = node["l"] if "l" in node else node["t"]
             if len(items) != len(t):
                 raise ValueError("snapshot list length differs from the state's")
             out = [walk(a, b) for a, b in zip(t, items, strict=True)]

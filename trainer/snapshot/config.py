@@ -17,6 +17,9 @@ class SnapshotConfig:
     dir: Path = DEFAULT_DIR
     """Where the slots live: a memory-backed filesystem (the pod's /dev/shm) so they outlive the
     worker process yet cost no disk. One directory per node; files are named by global rank."""
+    replication: bool = True
+    """Also keep each snapshot on a rank of the next node (trainer/snapshot/replica.py), so a lost node's
+    state survives; needs two nodes (off with one) and the memory of three more copies per rank."""
 
     @property
     def enabled(self) -> bool:

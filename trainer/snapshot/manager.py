@@ -2,13 +2,17 @@
 
 One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.train.Trainer), so an
 in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
-a restarted worker (tier 2) finds it in /dev/shm (`shm`).
+a restarted worker (tier 2) finds it in /dev/shm (`shm`). With two or more nodes each snapshot is also
+replicated to a rank of the next node (`peer`, trainer/snapshot/replica.py), which is where a replaced
+node's ranks restore from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +21,10 @@ import torch
 from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot.budget import adamw_estimate, check_fits
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
+from trainer.snapshot.replica import PeerReplicas
+from trainer.snapshot.replica_net import local_address
 from trainer.snapshot.restore import Restored, restore
+from trainer.snapshot.ring import Ring
 from trainer.snapshot.store import SnapshotStore, WriteResult
 
 if TYPE_CHECKING:
@@ -37,6 +44,7 @@ class Snapshots:
             if cfg.enabled
             else None
         )
+        self.peers = self._peers(world_size) if self.store is not None and cfg.replication else None
         self._checked_bytes = 0
         self.restored: Restored | None = None
 
@@ -45,22 +53,39 @@ class Snapshots:
         """The snapshots of this run: `cfg.snapshot`, fingerprinted by what decides the trajectory."""
         return cls(cfg.snapshot, rank=rank, world_size=world_size, fingerprint=fingerprint_of(cfg))
 
+    def _peers(self, world_size: int) -> PeerReplicas | None:
+        assert self.store is not None
+        try:
+            ring = Ring(world_size, self.local_ranks)
+        except ValueError as exc:
+            log.warning("peer replication off: %s", exc)
+            return None
+        if not ring.enabled:
+            if self.rank == 0:
+                log.info("peer replication off: one node (no peer to keep a replica)")
+            return None
+        return PeerReplicas(self.store, ring, host=local_address(os.environ.get("MASTER_ADDR")))
+
     def check_budget(self, model: torch.nn.Module) -> None:
-        """Before the first step: do two snapshots per local rank fit? (estimated from the parameters)."""
+        """Before the first step: do the snapshots (own and peer copies) of every local rank fit?
+        (estimated from the parameters)."""
         if self.store is None:
             return
         params = list(model.parameters())
         local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
         estimate = adamw_estimate(sum(t.numel() * t.element_size() for t in local), len(local))
-        check_fits(self.cfg.dir, estimate, local_ranks=self.local_ranks)
+        check_fits(self.cfg.dir, estimate, local_ranks=self.local_ranks, replicated=self.peers is not None)
         if local and local[0].is_cuda:
             self.store.pin()
 
     def restore(self, ckpt: Any, state: dict[str, Any], device: torch.device, events: Any) -> int:
-        """Check the memory budget, then restore (snapshot or durable checkpoint); the step restored."""
+        """Check the memory budget, then restore (snapshot, peer replica or durable checkpoint); the step."""
         self.check_budget(state["model"])
+        if self.peers is not None:
+            self.peers.events = events
+            self.peers.quiesce()  # no replica of this (possibly abandoned) past lands after the agreement
         return self.last_restore(
-            restore(self.store, ckpt, state, rank=self.rank, device=device, events=events)
+            restore(self.store, ckpt, state, rank=self.rank, device=device, events=events, peers=self.peers)
         )
 
     def last_restore(self, restored: Restored) -> int:
@@ -72,16 +97,41 @@ class Snapshots:
         if self.store is None or not self.cfg.due(step):
             return None
         save_dict = build_save_dict(state, self.rank)
+        waited = 0.0
+        if self.peers is not None:
+            t0 = time.perf_counter()
+            self.store.wait()  # the previous commit, so that the peers know which slot is newest
+            self.peers.before_write()  # normally 0: the slot to overwrite is not being sent
+            waited = time.perf_counter() - t0
         result = self.store.write(step, save_dict)
+        if waited:
+            result = dataclasses.replace(
+                result, blocked_s=result.blocked_s + waited, wait_s=result.wait_s + waited
+            )
         if result.bytes > self._checked_bytes:  # the exact size, once known (and if it ever grows)
-            check_fits(self.cfg.dir, result.bytes, local_ranks=self.local_ranks)
+            check_fits(
+                self.cfg.dir, result.bytes, local_ranks=self.local_ranks, replicated=self.peers is not None
+            )
             self._checked_bytes = result.bytes
         return result
 
     def finish(self) -> None:
         """The run completed: free the pod's memory (a later run must not resume a finished one)."""
+        if self.peers is not None:
+            self.peers.quiesce()
+            self.peers.close(remove=True)
+            self.peers = None
         if self.store is not None:
             self.store.remove()
+
+    def close(self) -> None:
+        """Stop replicating and unmap, leaving every snapshot and replica in place (as a process that
+        ends without completing does)."""
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = None
+        if self.store is not None:
+            self.store.close()
 
     @property
     def directory(self) -> Path:

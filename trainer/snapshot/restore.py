@@ -1,16 +1,19 @@
 """Where a (re)started rank gets its state: agreed by every rank before any rank loads.
 
-Sources, newest first: `memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a
-snapshot left in the pod's /dev/shm by an earlier worker process: tier 2, worker restart), the durable
-checkpoint (`fsx`), or nothing (`none`, a fresh start). Contract 3 lists them as the `restore` event's
-`source`.
+Sources, in the order tried (SOURCES below; Contract 3 lists them as the `restore` event's `source`):
+`memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a snapshot left in the pod's
+/dev/shm by an earlier worker process: tier 2, worker restart), `peer` (this rank's replica kept by a
+rank on another node: a replaced or spare node, whose /dev/shm is empty), the durable checkpoint
+(`fsx`), or nothing (`none`, a fresh start).
 
 The agreement is one small all_gather on the training group: each rank offers the steps of its verified
-snapshots (checksum, run, world size, rank) and rank 0 adds the newest committed durable step. Every
-rank then restores the newest step that every rank can restore from memory, if it is at least as new
-as the durable checkpoint; after loading, one more all_reduce confirms that every rank succeeded.
-If any rank failed, that step is struck off and the group agrees again, down to the durable checkpoint:
-a rank never resumes at a step its peers do not.
+snapshots (checksum, run, world size, rank), the replicas it keeps for other ranks (trainer/snapshot/
+replica.py) and rank 0 adds the newest committed durable step. Every rank then restores the newest step
+that every rank can restore from memory (its own snapshot, else its peer's replica), if it is at least
+as new as the durable checkpoint; after loading, one more all_reduce confirms that every rank succeeded.
+If any rank failed (a replica that fails its checksum once pulled, a peer gone meanwhile), that step is
+struck off and the group agrees again, down to the durable checkpoint: a rank never resumes at a step
+its peers do not.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,8 +31,15 @@ from trainer.checkpoint.state import apply_loaded, build_save_dict
 from trainer.snapshot import codec
 from trainer.snapshot.store import Offer, SnapshotStore
 
+if TYPE_CHECKING:
+    from trainer.snapshot.replica import PeerReplicas
+
 log = logging.getLogger(__name__)
 
+SOURCES = ("memory", "shm", "peer", "fsx", "none")
+"""Where a rank's state comes from, in the order tried: the snapshot tiers (`_snapshot_source`), then
+the durable checkpoint (`ckpt.restore`). Contract 3's `restore` event `source`."""
+SNAPSHOT_SOURCES = SOURCES[:3]
 OFFERED = 2
 """Steps each rank offers (one per slot)."""
 
@@ -39,7 +49,7 @@ class Restored:
     step: int
     """Last step included in the restored state; -1 = nothing restored (fresh start)."""
     source: str
-    """memory, shm, fsx or none (Contract 3)."""
+    """One of SOURCES (Contract 3)."""
     path: str
     load_s: float
     skipped: list[Any] = field(default_factory=list)
@@ -56,6 +66,7 @@ def restore(
     rank: int,
     device: torch.device,
     events: Any,
+    peers: PeerReplicas | None = None,
 ) -> Restored:
     """Restore `state` in place from the newest source every rank has. A collective: all ranks call it.
 
@@ -69,24 +80,35 @@ def restore(
         log.warning("snapshot not offered: %s", reason)
     durable = _newest_durable_step(ckpt) if rank == 0 else -1
     mine = [o.header.step for o in offers][:OFFERED]
-    row = torch.tensor(mine + [-1] * (OFFERED - len(mine)) + [durable], dtype=torch.int64, device=device)
+    peer_row = peers.offer_row() if peers is not None else []
+    own_row = mine + [-1] * (OFFERED - len(mine)) + [durable]
+    row = torch.tensor(own_row + peer_row, dtype=torch.int64, device=device)
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
     table = [r.tolist() for r in rows]
     durable = int(table[0][OFFERED])
-    common = set.intersection(*({s for s in r[:OFFERED] if s >= 0} for r in table))
+    has = [{s for s in r[:OFFERED] if s >= 0} for r in table]
+    if peers is not None:  # a step a peer keeps a replica of counts as one the rank has
+        for owner, steps in enumerate(peers.learn([r[OFFERED + 1 :] for r in table])):
+            has[owner] |= steps
+    common = set.intersection(*has)
     tried_template = False
     for step in sorted(common, reverse=True):
         if step < durable:
             break
-        offer = next(o for o in offers if o.header.step == step)
         tried_template = True
-        error = _load_snapshot(store, offer, state, rank)
+        found = _snapshot_source(step, offers, store, peers)
+        if isinstance(found, str):
+            error: str | None = found
+        else:
+            source, source_store, offer = found
+            error = _load_snapshot(source_store, offer, state, rank)
         if _all_succeeded(error is None, device):
-            assert store is not None
+            assert store is not None and not isinstance(found, str)
             store.discard_newer_than(step)
-            source = "memory" if offer.written_here else "shm"
-            path, load_s = str(store.path(offer.slot)), time.perf_counter() - t0
+            path, load_s = str(source_store.path(offer.slot)), time.perf_counter() - t0
+            if peers is not None:
+                peers.after_restore(step)
             events.emit("restore", step=step, path=path, load_s=load_s, source=source)
             return Restored(step, source, path, load_s, [], refused)
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
@@ -97,13 +119,30 @@ def restore(
         # checkpoint to overwrite it again: start over in fresh objects, without those snapshots.
         assert store is not None
         store.discard_newer_than(min(common) - 1)
+        if peers is not None:
+            peers.after_restore(min(common) - 1)
         raise RuntimeError("a snapshot restore failed part-way and no checkpoint exists: restarting")
+    if peers is not None:
+        peers.after_restore(result)
     if result < 0:
         _reset_optimizer(state)
     if store is not None:
         store.discard_newer_than(result)
     source = "fsx" if result >= 0 else "none"
     return Restored(result, source, "", time.perf_counter() - t0, [], refused)
+
+
+def _snapshot_source(
+    step: int, offers: list[Offer], store: SnapshotStore | None, peers: PeerReplicas | None
+) -> tuple[str, SnapshotStore, Offer] | str:
+    """Where this rank gets its snapshot of `step` (SNAPSHOT_SOURCES, in order), or why it cannot."""
+    own = next((o for o in offers if o.header.step == step), None)
+    if own is not None and store is not None:
+        return ("memory" if own.written_here else "shm"), store, own
+    if peers is None:
+        return f"no snapshot of step {step} here"
+    pulled = peers.fetch(step)
+    return pulled if isinstance(pulled, str) else ("peer", *pulled)
 
 
 def _load_snapshot(store: SnapshotStore | None, offer: Offer, state: dict[str, Any], rank: int) -> str | None:

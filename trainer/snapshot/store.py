@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,8 @@ class SnapshotStore:
         self._pending: threading.Thread | None = None
         self._pending_error: BaseException | None = None
         self._pinned = False
+        self.on_commit: Callable[[int, int], None] | None = None
+        """on_commit(slot, step), on the commit thread, once a slot became valid (peer replication)."""
 
     def path(self, slot: int) -> Path:
         return self.dir / f"rank{self.rank}.slot{slot}"
@@ -124,6 +127,7 @@ class SnapshotStore:
         layout = codec.layout_id(skeleton, slots)
         slot = self._free_slot()
         m = self._mapping(slot, HEADER_BYTES + tensor_bytes + len(skel))
+        assert m is not None  # with a size, a mapping is always made
         m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)  # invalid from here until the header is rewritten
         self._written_here.pop(slot, None)
         copied = 0
@@ -165,6 +169,8 @@ class SnapshotStore:
             m.buf[tail : tail + _LEN.size] = _LEN.pack(zlib.crc32(raw))
             m.buf[0 : len(MAGIC)] = MAGIC  # the moment the slot becomes valid
             self._written_here[slot] = int(fields["step"])
+            if self.on_commit is not None:
+                self.on_commit(slot, int(fields["step"]))
         except BaseException as exc:  # reported by the next wait(); the slot stays invalid
             self._pending_error = exc
 
@@ -253,20 +259,9 @@ class SnapshotStore:
         m = self._mapping(slot, None)
         if m is None:
             return None, None
-        if m.size < HEADER_BYTES or bytes(m.buf[0 : len(MAGIC)]) != MAGIC:
+        if m.size < HEADER_BYTES:
             return None, "incomplete (a write was interrupted)"
-        at = len(MAGIC)
-        (n,) = _LEN.unpack(m.buf[at : at + _LEN.size])
-        if n > HEADER_BYTES - at - 2 * _LEN.size:
-            return None, "header length out of range"
-        raw = bytes(m.buf[at + _LEN.size : at + _LEN.size + n])
-        (crc,) = _LEN.unpack(m.buf[at + _LEN.size + n : at + 2 * _LEN.size + n])
-        if zlib.crc32(raw) != crc:
-            return None, "header checksum mismatch"
-        try:
-            return Header(**json.loads(raw)), None
-        except (TypeError, ValueError) as exc:
-            return None, f"unreadable header: {exc}"
+        return parse_header(m.buf[0:HEADER_BYTES])
 
     # ------------------------------------------------------------------------------------ maintenance
     def discard_newer_than(self, step: int) -> None:
@@ -315,6 +310,24 @@ class SnapshotStore:
             m = self._maps[slot] = _Mapping(self.path(slot), size)
             m.pin(self._pinned)
         return m
+
+
+def parse_header(buf: Any) -> tuple[Header | None, str | None]:
+    """The header in the first HEADER_BYTES of a slot: (header, None), or (None, why it is not valid)."""
+    if bytes(buf[0 : len(MAGIC)]) != MAGIC:
+        return None, "incomplete (a write was interrupted)"
+    at = len(MAGIC)
+    (n,) = _LEN.unpack(buf[at : at + _LEN.size])
+    if n > HEADER_BYTES - at - 2 * _LEN.size:
+        return None, "header length out of range"
+    raw = bytes(buf[at + _LEN.size : at + _LEN.size + n])
+    (crc,) = _LEN.unpack(buf[at + _LEN.size + n : at + 2 * _LEN.size + n])
+    if zlib.crc32(raw) != crc:
+        return None, "header checksum mismatch"
+    try:
+        return Header(**json.loads(raw)), None
+    except (TypeError, ValueError) as exc:
+        return None, f"unreadable header: {exc}"
 
 
 class _Mapping:
