@@ -299,6 +299,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
                 "ranks": f["ranks"],
                 "steps_recomputed": f["steps_recomputed"],
                 "restored_from": f.get("restored_from"),
+                "restored_by_source": f.get("restored_by_source", {}),
                 "restored_step": f.get("restored_step"),
             }
             for f in summary["faults"]
@@ -332,6 +333,16 @@ def _takeover(log_dir: Path, fault: dict[str, Any], nproc: int) -> dict[str, Any
             "new_spares": list(took.new_spares)}  # fmt: skip
 
 
+def restored_sources(fault: dict[str, Any]) -> str:
+    """`shm` when every rank restored from one source, else `shm (ranks 0,1), peer (ranks 2,3)`."""
+    by_source: dict[str, list[int]] = fault.get("restored_by_source") or {}
+    if len(by_source) <= 1:
+        return str(fault["restored_from"])
+    return ", ".join(
+        f"{src} (ranks {','.join(str(r) for r in ranks)})" for src, ranks in sorted(by_source.items())
+    )
+
+
 def print_report(r: dict[str, Any], out: Path) -> None:
     def secs(x: float | None) -> str:
         return "n/a" if x is None else f"{x:.2f} s"
@@ -352,7 +363,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
             f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
             f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
             + (
-                f" (restored step {f['restored_step']} from {f['restored_from']})"
+                f" (restored step {f['restored_step']} from {restored_sources(f)})"
                 if f.get("restored_from")
                 else ""
             )

@@ -156,6 +156,7 @@ def _fault_report(
     steps: list[dict[str, Any]],
     detections: list[dict[str, Any]],
     restores: list[dict[str, Any]],
+    every_restore: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     t_fault = float(fault["t"])
     after = [s for s in steps if float(s["t_start"]) >= t_fault]
@@ -195,11 +196,28 @@ def _fault_report(
         "detection_reason": detected.get("reason") if detected is not None else None,
         "restored_step": int(restore_after["step"]) if restore_after is not None else None,
         "restored_from": restore_after.get("source") if restore_after is not None else None,
+        "restored_by_source": _sources_after(every_restore or restores, t_fault, next_fault_t),
         "mttr_s": float(after[0]["t_start"]) - t_fault if after else None,
         "steps_recomputed": recomputed,
         "time_to_new_progress_s": float(progress["t_start"]) - t_fault if progress is not None else None,
         "recovered": bool(after),
     }
+
+
+def _sources_after(restores: list[dict[str, Any]], t_fault: float, until: float) -> dict[str, list[int]]:
+    """Where each rank restored from after a fault: {source: [ranks]} (ranks of a lost node differ).
+
+    A node loss restores the survivors from their own /dev/shm and the replaced node's ranks from a peer's
+    replica, so rank 0's source alone (`restored_from`) does not say where the lost state came from.
+    """
+    first: dict[int, str] = {}
+    for r in sorted(restores, key=lambda e: float(e["t"])):
+        if t_fault < float(r["t"]) < until:
+            first.setdefault(int(r["rank"]), str(r.get("source")))
+    by_source: dict[str, list[int]] = {}
+    for rank in sorted(first):
+        by_source.setdefault(first[rank], []).append(rank)
+    return by_source
 
 
 def _merge_reports(injected: list[dict[str, Any]], steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -269,7 +287,11 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
     fault_reports = []
     for i, fault in enumerate(faults):
         next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf
-        fault_reports.append(_fault_report(fault, next_t, steps, by_ev.get("fault_detected", []), restores))
+        fault_reports.append(
+            _fault_report(
+                fault, next_t, steps, by_ev.get("fault_detected", []), restores, by_ev.get("restore", [])
+            )
+        )
 
     ends = [e for e in by_ev.get("run_end", []) if int(e["rank"]) == 0]
     return {

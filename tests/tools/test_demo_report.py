@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tools.demo import report
+from tools.demo import report, restored_sources
 
 
 def _write_run(run_dir: Path) -> None:
@@ -74,3 +74,11 @@ def test_report_writes_json_with_the_faults_and_a_timeline(tmp_path: Path) -> No
     assert fault["steps_recomputed"] == 2
     png = tmp_path / "timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_the_report_names_every_source_a_fault_restored_from() -> None:
+    one = {"restored_from": "memory", "restored_by_source": {"memory": [0, 1, 2, 3]}}
+    assert restored_sources(one) == "memory"
+    node_loss = {"restored_from": "shm", "restored_by_source": {"shm": [0, 1], "peer": [2, 3]}}
+    assert restored_sources(node_loss) == "peer (ranks 2,3), shm (ranks 0,1)"
+    assert restored_sources({"restored_from": "fsx"}) == "fsx"  # a summary from before the field existed

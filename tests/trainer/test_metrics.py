@@ -139,6 +139,26 @@ def test_a_lost_node_reported_by_each_of_its_ranks_is_one_fault(tmp_path: Path) 
     assert second["ranks"] == [3] and second["t"] == pytest.approx(7.5)
 
 
+def test_a_node_loss_says_where_each_rank_restored_from(tmp_path: Path) -> None:
+    # Survivors (ranks 0, 1) restore from their pod's /dev/shm, the replaced node's (2, 3) from a peer.
+    def restore(t: float, rank: int, source: str) -> dict[str, Any]:
+        return _ev("restore", t, rank=rank, restart=1, step=1, path=None, load_s=0.1, source=source)
+
+    _write(
+        tmp_path / "events.rank0.jsonl",
+        [_step(1, 1.0, 2.0), restore(6.0, 0, "shm"), _step(2, 6.5, 7.0, restart=1)],
+    )
+    _write(tmp_path / "events.rank1.jsonl", [restore(6.1, 1, "shm")])
+    _write(
+        tmp_path / "events.rank2.jsonl",
+        [_ev("fault_injected", 2.5, rank=2, fault="node-loss", step=2), restore(6.2, 2, "peer")],
+    )
+    _write(tmp_path / "events.rank3.jsonl", [restore(6.3, 3, "peer"), restore(9.0, 3, "fsx")])
+    (fault,) = summarize(tmp_path)["faults"]
+    assert fault["restored_from"] == "shm"  # rank 0's
+    assert fault["restored_by_source"] == {"shm": [0, 1], "peer": [2, 3]}  # each rank's first after it
+
+
 def test_two_faults_at_the_same_step_on_two_ranks_stay_two(tmp_path: Path) -> None:
     _write(
         tmp_path / "events.rank0.jsonl",
