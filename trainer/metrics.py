@@ -34,6 +34,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "ckpt_commit": ("step", "path", "total_s"),
     "ckpt_failed": ("step", "reason"),
     "run_end": ("step", "status"),
+    "snapshot": ("step", "blocked_s", "copy_s", "bytes"),
+    "replica": ("step", "holder", "bytes", "send_s", "ok"),
 }
 COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
 
