@@ -2,6 +2,7 @@
 
 - config.py:   CheckpointConfig, the one checkpoint configuration, and the CLI options made from it.
 - manager.py:  CheckpointManager: save / maybe_finalize / wait / abort / restore / close, the commit protocol.
+- resume.py:   restore_newest: the newest committed checkpoint that loads, agreed by every rank.
 - loop.py:     CheckpointLoop: the training loop's side of it (when to save, failures, resume policy).
 - policy.py:   pure rules: which steps save, when a pending save is polled, what retention deletes.
 - backends.py: how a rank writes its shards: sync (dcp.save), torch-async (dcp.async_save), nvrx (NVRx
@@ -29,9 +30,9 @@ _EXPORTS = {
     "CheckpointFailuresExceeded": "trainer.checkpoint.errors",
     "CheckpointHooks": "trainer.checkpoint.manager",
     "CheckpointManager": "trainer.checkpoint.manager",
-    "RestoreResult": "trainer.checkpoint.manager",
+    "RestoreResult": "trainer.checkpoint.resume",
     "SaveResult": "trainer.checkpoint.manager",
-    "SkippedCheckpoint": "trainer.checkpoint.manager",
+    "SkippedCheckpoint": "trainer.checkpoint.resume",
     "CheckpointLoop": "trainer.checkpoint.loop",
 }
 
@@ -41,6 +42,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name in ("layout", "policy", "state", "backends", "manager", "loop", "errors", "config"):
+    if name in ("layout", "policy", "state", "backends", "manager", "resume", "loop", "errors", "config"):
         return importlib.import_module(f"trainer.checkpoint.{name}")
     raise AttributeError(f"module 'trainer.checkpoint' has no attribute {name!r}")

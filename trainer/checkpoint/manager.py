@@ -19,8 +19,8 @@ Life of one save (at most one is in flight; a new save first finishes the previo
      (policy.to_delete) and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the
      group's timeout.
 
-restore() tries committed checkpoints newest first; a failed load is rolled back (state.Rollback), so
-the next candidate, or a fresh start, begins from exactly the state the caller built.
+restore() tries committed checkpoints newest first (resume.py); a failed load is rolled back
+(state.Rollback), so the next candidate, or a fresh start, begins from exactly the state the caller built.
 """
 
 from __future__ import annotations
@@ -29,28 +29,21 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import CheckpointException
 
 from trainer.checkpoint import layout, policy
 from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.errors import CheckpointWriteError
-from trainer.checkpoint.state import (
-    Rollback,
-    apply_loaded,
-    build_load_dict,
-    build_save_dict,
-    fingerprint,
-    tensor_bytes,
-)
+from trainer.checkpoint.resume import RestoreResult, restore_newest
+from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
 from trainer.resilience.progress import write_iteration_file
 
 log = logging.getLogger(__name__)
@@ -73,23 +66,6 @@ class SaveResult:
     """Seconds save() kept the caller waiting."""
     bytes: int
     """Bytes of tensor data this rank contributes to the checkpoint."""
-
-
-@dataclass(frozen=True)
-class SkippedCheckpoint:
-    path: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    step: int
-    """Step of the restored checkpoint; -1 when nothing was restored."""
-    path: str | None
-    load_s: float
-    skipped: list[SkippedCheckpoint] = field(default_factory=list)
-    committed: int = 0
-    """Committed checkpoints found (loadable or not): with step -1, a reason to refuse a fresh start."""
 
 
 @dataclass
@@ -335,78 +311,21 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------------------------------- load
     def restore(self, state: dict[str, Any]) -> RestoreResult:
-        """Load the newest checkpoint that loads into `state` in place, skipping the others with a reason.
-
-        A checkpoint of another model (fingerprint) is skipped without reading it; one whose load fails
-        is rolled back, so nothing of it stays in `state`. With nothing loaded, `state` is as the caller
-        built it, bitwise. The policy (refuse a fresh start?) is the caller's: see `committed`.
-        """
-        t0 = time.perf_counter()
+        """Load the newest committed checkpoint that loads into `state` (see resume.restore_newest)."""
         if self._pending is not None:
             self.wait()
         self._fingerprint = fingerprint(state)
-        listing: list[Any] = [None]
-        if self.rank == 0:
-            candidates, temps = layout.scan(self.cfg.dir)
-            for tmp in temps:  # never committed: garbage from an interrupted save
-                layout.discard(tmp)
-            listing[0] = (
-                [(c.step, str(c.path), c.manifest, c.problem) for c in candidates],
-                [str(t) for t in temps],
-            )
-        dist.broadcast_object_list(listing, src=self._global_rank0(), group=self._group())
-        candidates_info, temps = listing[0]
-        skipped = [SkippedCheckpoint(t, "incomplete: never committed (interrupted save)") for t in temps]
-        rollback: Rollback | None = None
-        for step, path_str, manifest, problem in candidates_info:
-            path = Path(path_str)
-            reason = problem or self._foreign(manifest) or self._verify(path, manifest)
-            if reason is None:
-                rollback = rollback or Rollback(state)
-                reason = self._try_load(path, state)
-                if reason is not None:
-                    rollback.restore()
-            if reason is None:
-                return RestoreResult(step, path_str, time.perf_counter() - t0, skipped, len(candidates_info))
-            log.warning("skipping checkpoint %s: %s", path, reason)
-            self._unloadable.add(path_str)
-            skipped.append(SkippedCheckpoint(path_str, reason))
-        return RestoreResult(-1, None, time.perf_counter() - t0, skipped, len(candidates_info))
+        return restore_newest(
+            state,
+            self.cfg.dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            group=self._group(),
+            model_fingerprint=self._fingerprint,
+            unloadable=self._unloadable,
+        )
 
     load_latest = restore  # the earlier name
-
-    def _foreign(self, manifest: dict[str, Any] | None) -> str | None:
-        theirs = (manifest or {}).get(layout.FINGERPRINT)
-        if theirs is None:
-            return None  # written before fingerprints: the load itself checks shapes
-        if theirs != self._fingerprint:
-            return (
-                f"model shape mismatch: fingerprint {theirs}, this run's model is {self._fingerprint} "
-                "(another preset or model change)"
-            )
-        return None
-
-    def _verify(self, path: Path, manifest: dict[str, Any]) -> str | None:
-        """Checksums, spread over ranks; every rank gets the same verdict."""
-        names = sorted(manifest["files"])[self.rank :: self.world_size]
-        return self._agree(layout.verify_checksums(path, manifest, names))
-
-    def _try_load(self, path: Path, state: dict[str, Any]) -> str | None:
-        error = None
-        try:
-            keys = set(FileSystemReader(path).read_metadata().state_dict_metadata)
-            template = build_load_dict(state, self.rank, keys)
-            dcp.load(template, storage_reader=FileSystemReader(path), process_group=self._group())
-            apply_loaded(state, template, self.rank)
-        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
-            error = f"load failed: {type(exc).__name__}: {str(exc).strip()[:500]}"
-        return self._agree(error)
-
-    def _agree(self, error: str | None) -> str | None:
-        """The first rank's error, on every rank (None when no rank had one)."""
-        errors: list[Any] = [None] * self.world_size
-        dist.all_gather_object(errors, error, group=self._group())
-        return next((e for e in errors if e), None)
 
     @property
     def pending_step(self) -> int:
