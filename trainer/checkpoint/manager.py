@@ -18,6 +18,10 @@ Life of one save (at most one is in flight; a new save first finishes the previo
      renames the directory to step_<N> (the moment it becomes visible), applies retention
      (policy.to_delete) and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the
      group's timeout.
+With a node-local tier (cfg.local_dir) the shards are written there instead, and step 3 comes twice:
+first the local seal (drain.py: .metadata to every node, each rank's seal, then each rank copies its
+files into the temp directory in the background), then, once every rank's copy is polled done like a
+write, the commit above. before_commit runs before the first of the two.
 
 restore() tries committed checkpoints newest first (resume.py); a failed load is rolled back
 (state.Rollback), so the next candidate, or a fresh start, begins from exactly the state the caller built.
@@ -26,10 +30,11 @@ restore() tries committed checkpoints newest first (resume.py); a failed load is
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,8 +46,10 @@ from torch.distributed.checkpoint import CheckpointException
 from trainer.checkpoint import layout, policy
 from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
+from trainer.checkpoint.drain import seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
-from trainer.checkpoint.resume import RestoreResult, restore_newest
+from trainer.checkpoint.local_tier import LocalTier
+from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
 from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
 from trainer.resilience.progress import write_iteration_file
 
@@ -79,6 +86,12 @@ class _Pending:
     """This rank's part failed (sticky: the failure is reported at the next poll)."""
     calls: int = 0
     """Non-blocking finalize calls since the save (policy.poll_due decides which of them poll)."""
+    src: Path | None = None
+    """Where the backend writes this rank's shards: the local tier's step directory, else `tmp`."""
+    phase: str = "write"
+    """write (shards being written), then with a local tier drain (sealed locally, copying to `tmp`)."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    """Set by abort(): a drain still copying stops at its next chunk."""
 
 
 class CheckpointManager:
@@ -99,8 +112,11 @@ class CheckpointManager:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.hooks = hooks or CheckpointHooks()
         self.events = events
-        if cfg.local_dir is not None:
-            log.info("checkpoint local_dir %s is accepted but not used: one tier (dir) only", cfg.local_dir)
+        self.local = (  # the node-local tier: written first, sealed, drained to cfg.dir (local_tier.py)
+            LocalTier(cfg.local_dir, rank=rank, world_size=world_size, keep=cfg.keep_latest)
+            if cfg.local_dir is not None
+            else None
+        )
         self._owns_pg = process_group is None
         self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
@@ -148,8 +164,9 @@ class CheckpointManager:
         dist.barrier(group=self._pg)  # nobody writes into tmp before it is fresh
         sd = build_save_dict(state, self.rank)
         nbytes = tensor_bytes(sd)
+        src = self.local.begin(step, sd) if self.local is not None else tmp
         try:
-            token = self._backend.start(sd, tmp, self._writer_group())
+            token = self._backend.start(sd, src, self._writer_group())
         except BaseException as exc:  # also the Wrapper's asynchronous restart landing mid-write
             self._backend.abort()
             if self.rank == 0:
@@ -157,7 +174,7 @@ class CheckpointManager:
             if isinstance(exc, CheckpointWriteError):
                 raise CheckpointWriteError(f"checkpoint of step {step} failed: {exc}", step) from exc
             raise
-        self._pending = _Pending(step, tmp, token, t0)
+        self._pending = _Pending(step, tmp, token, t0, src=src)
         if self.cfg.mode == "sync":
             self._finalize(blocking=True)
         return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
@@ -189,6 +206,7 @@ class CheckpointManager:
         p, self._pending = self._pending, None
         if p is None:
             return
+        p.cancel.set()
         self._backend.abort()
         if self.rank == 0:
             try:
@@ -205,7 +223,7 @@ class CheckpointManager:
                 if p.files is None and self._backend.done(p.token):
                     if self.hooks.after_write is not None:
                         self.hooks.after_write(p.step)
-                    p.files = self._hasher.submit(self._durable_files, p.tmp)
+                    p.files = self._hasher.submit(self._durable_files, p.src or p.tmp)
                 if p.files is not None and p.files.done():
                     p.files.result()  # re-raises a hashing error
                     return "ready", None
@@ -241,6 +259,8 @@ class CheckpointManager:
         if flags[0] > 0:
             return []
         self._commit(p)
+        if self._pending is p:  # sealed on the local tier, now draining: committed once that is done
+            return self._finalize(blocking) if blocking else []
         return [p.step]
 
     def _fail(self, p: _Pending, reason: str) -> None:
@@ -248,14 +268,17 @@ class CheckpointManager:
         raise CheckpointWriteError(f"checkpoint of step {p.step} failed: {reason}", p.step)
 
     def _commit(self, p: _Pending) -> None:
-        if self.hooks.before_commit is not None:
+        if self.hooks.before_commit is not None and p.phase == "write":
             self.hooks.before_commit(p.step)
+        if self.local is not None and p.phase == "write":
+            seal_and_drain(self, p)  # the local commit; this commit runs again once the drain is done
+            return
         payload: dict[str, Any] = {
             "files": p.files.result() if p.files else {},
             "results": None,
             "error": None,
         }
-        if self._backend.defers_metadata:
+        if self._backend.defers_metadata and p.phase == "write":  # after a drain, .metadata is there
             try:
                 payload["results"] = self._backend.results(p.token)
             except CheckpointWriteError as exc:
@@ -280,7 +303,7 @@ class CheckpointManager:
             errors = [g["error"] for g in gathered if g["error"]]
             if errors:
                 raise CheckpointWriteError("; ".join(errors))
-            if self._backend.defers_metadata:
+            if self._backend.defers_metadata and p.phase == "write":
                 self._backend.finish(p.token, [g["results"] for g in gathered])
             files: dict[str, Any] = {}
             for g in gathered:
@@ -326,6 +349,10 @@ class CheckpointManager:
         )
 
     load_latest = restore  # the earlier name
+
+    def load_from(self, path: Path, state: dict[str, Any], planner: Any = None) -> str | None:
+        """Load the checkpoint in `path` into `state` (a collective): None, or the error every rank got."""
+        return try_load(path, state, self.rank, self.world_size, self._group(), planner)
 
     @property
     def pending_step(self) -> int:

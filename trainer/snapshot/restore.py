@@ -1,9 +1,10 @@
 """Where a (re)started rank gets its state: agreed by every rank before any rank loads.
 
-Sources, newest first: `memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a
-snapshot left in the pod's /dev/shm by an earlier worker process: tier 2, worker restart), the durable
-checkpoint (`fsx`), or nothing (`none`, a fresh start). Contract 3 lists them as the `restore` event's
-`source`.
+Sources, in the order tried (SOURCES below; Contract 3 lists them as the `restore` event's `source`):
+`memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a snapshot left in the pod's
+/dev/shm by an earlier worker process: tier 2, worker restart), `local` (the durable checkpoint's copy
+on the node's NVMe, trainer/checkpoint/local_restore.py), the durable checkpoint (`fsx`), or nothing
+(`none`, a fresh start). A newer step wins; of one step, the earlier source.
 
 The agreement is one small all_gather on the training group: each rank offers the steps of its verified
 snapshots (checksum, run, world size, rank) and rank 0 adds the newest committed durable step. Every
@@ -23,13 +24,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import layout
+from trainer.checkpoint import layout, local_restore
 from trainer.checkpoint.state import apply_loaded, build_save_dict
 from trainer.snapshot import codec
 from trainer.snapshot.store import Offer, SnapshotStore
 
 log = logging.getLogger(__name__)
 
+SOURCES = ("memory", "shm", "local", "fsx", "none")
+"""Where a rank's state comes from, in the order tried: the snapshot tiers, the node-local checkpoint
+(`local_restore`), the durable checkpoint (`ckpt.restore`). Contract 3's `restore` event `source`."""
 OFFERED = 2
 """Steps each rank offers (one per slot)."""
 
@@ -39,7 +43,7 @@ class Restored:
     step: int
     """Last step included in the restored state; -1 = nothing restored (fresh start)."""
     source: str
-    """memory, shm, fsx or none (Contract 3)."""
+    """One of SOURCES (Contract 3)."""
     path: str
     load_s: float
     skipped: list[Any] = field(default_factory=list)
@@ -74,10 +78,12 @@ def restore(
     dist.all_gather(rows, row)
     table = [r.tolist() for r in rows]
     durable = int(table[0][OFFERED])
+    local = local_restore.agree(ckpt, state, durable, device)
+    refused += local.refused
     common = set.intersection(*({s for s in r[:OFFERED] if s >= 0} for r in table))
     tried_template = False
     for step in sorted(common, reverse=True):
-        if step < durable:
+        if step < max(durable, local.newest):  # a newer local checkpoint beats an older snapshot
             break
         offer = next(o for o in offers if o.header.step == step)
         tried_template = True
@@ -91,6 +97,11 @@ def restore(
             return Restored(step, source, path, load_s, [], refused)
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
         refused.append(f"step {step}: {error or 'failed on another rank'}")
+    from_local = local_restore.restore_local(ckpt, state, local, events=events, t0=t0)
+    if from_local is not None:
+        if store is not None:
+            store.discard_newer_than(from_local[0])
+        return Restored(from_local[0], "local", from_local[1], from_local[2], [], refused)
     result = ckpt.restore(state)
     if result < 0 and tried_template:
         # A failed snapshot load may have overwritten part of the live state, and there is no durable
