@@ -67,18 +67,27 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 # The other engineers' benches and their arguments (full, quick).
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
 CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
-SNAPSHOT_ARGS = (["--mib", "64", "256", "1024"], ["--mib", "64", "--reps", "3"])
+SNAPSHOT_ARGS = (
+    ["--mib", "64", "256", "1024", "--faults", "3"],
+    ["--mib", "64", "--reps", "3", "--faults", "1"],
+)
 
 
 MC_CASES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("Llama 3 rate, 16k GPUs, default tiers", {}),
     ("10x the rate, 16k GPUs", {"rate_per_gpu_hour": 10 * goodput.PROFILES["llama3-405b"][0]}),
-    ("1k GPUs, checkpoint-restart only", {"nodes": 128, "tiers": (goodput.Tier("job-restart", 1.0, 900.0),)}),
+    (
+        "1k GPUs, checkpoint-restart only",
+        {"nodes": 128, "tiers": (goodput.Tier("job-restart", 1.0, 900.0),), "snapshot_overhead": 0.0},
+    ),
+    ("16k GPUs, half the node losses take the replica too", {"peer_correlated": 0.5}),
 )
 
 
 def run_planner(results: Path, quick: bool) -> None:
-    args = build_parser().parse_args([])
+    # The headline plan takes its rollbacks and the snapshot's blocked/floor ratio from bench.snapshot.
+    measured = [str(results / "snapshot.json")] if (results / "snapshot.json").is_file() else []
+    args = build_parser().parse_args([f"--rollback-from={m}" for m in measured])
     default = run_plan(args)
     plan = _plan_of(default)
     base = goodput.checkpoint_restart_baseline(plan, default["baseline"]["mttr_s"])
@@ -98,8 +107,15 @@ def run_planner(results: Path, quick: bool) -> None:
             }
         )
     out: dict[str, Any] = {
-        "command": "python -m goodput",
+        "command": "python -m goodput" + "".join(f" --rollback-from {_rel(Path(m))}" for m in measured),
         "default": default,
+        "peer_correlated": [
+            {
+                "peer_correlated": q,
+                "efficiency": run_plan(replace_args(args, peer_correlated=q))["efficiency"],
+            }
+            for q in (0.0, args.peer_correlated, 0.5, 1.0)
+        ],
         "montecarlo": mc,
         "scale": {
             "tiers": goodput.scale_sweep(plan, goodput.DEFAULT_SCALES),
@@ -120,6 +136,13 @@ def run_planner(results: Path, quick: bool) -> None:
         except (goodput.PlanError, KeyError, ValueError) as err:
             out["demo_error"] = str(err)
     _write(results / "planner.json", out)
+
+
+def replace_args(args: Any, **changes: Any) -> Any:
+    """A copy of parsed CLI arguments with some replaced."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def _predict_recovery_runs(results: Path) -> list[dict[str, Any]]:
@@ -179,10 +202,13 @@ def _measured_plan(results: Path, plan: goodput.Plan) -> dict[str, Any] | None:
         return None
     p = plan.with_(tiers=tiers)
     tau = goodput.optimal_interval(p)
+    names = [t.name for t in tiers]
+    kept = [n for n in names if n not in goodput.MEASURED_SOURCES]
     return {
         "note": "median MTTRs of "
-        + ", ".join(f"{k} = `{v}`" for k, v in goodput.MEASURED_SOURCES.items())
-        + "; same shares, rate and stall",
+        + ", ".join(f"{k} = `{v}`" for k, v in goodput.MEASURED_SOURCES.items() if k in names)
+        + (f"; {', '.join(kept)} not measured here (its assumed MTTR kept)" if kept else "")
+        + "; same shares, rate, rollbacks and stall",
         "gpus": p.gpus,
         "tiers": [t.__dict__ for t in tiers],
         "interval_s": tau,

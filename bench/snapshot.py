@@ -9,11 +9,17 @@ measures with the real trainer.snapshot code:
                  can block: the one-copy floor the issue compares against);
 - blocked_s:     SnapshotStore.write as the loop sees it (the copy; the checksum and header follow in a
                  background thread, so they do not count unless the next snapshot has to wait for them);
+                 blocked_over_floor is the median of each snapshot's ratio to the floor copy before it;
 - commit_s:      that background part (CRC32 of the payload + header), measured by the following wait();
 - restore memory: offers (header + CRC verification) + load + set_state_dict, same process (tier 1);
 - restore shm:   the same from a fresh SnapshotStore on the files (what a restarted worker does);
 - restore fsx:   CheckpointManager.load_latest of a sync DCP checkpoint of the same state (local disk here);
 - host_bytes:    the two slots a rank keeps (double buffering), the extra host memory per rank.
+With ``--faults N`` it also runs bench.recovery's faulted training runs with snapshots every step
+(``--snapshot-interval=1`` appended to the chart's trainer arguments), N repetitions of each of
+FAULT_SCENARIOS, and records per fault the tier, where the restore came from (summary.json's
+``restored_from``), the steps recomputed and the MTTR: the rollback per fault the planner reads
+(``python -m goodput --rollback-from``).
 One gloo rank (the codec stores local shards; sharding does not change the per-rank cost). Timings on a
 shared 2-core machine are noisy: read the medians with their spread.
 """
@@ -109,10 +115,43 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
         "host_bytes": 2 * (payload + HEADER_BYTES),
         "floor_s": spread(floor),
         "blocked_s": spread(blocked),
-        "blocked_over_floor": statistics.median(blocked) / statistics.median(floor),
+        # Each snapshot against the floor copy just before it: on a shared machine the load drifts between
+        # repetitions, and a paired ratio cancels what both of a pair saw.
+        "blocked_over_floor": statistics.median(b / f for b, f in zip(blocked, floor, strict=True)),
         "commit_s": spread(commit),
         "restore_s": {"memory": spread(memory), "shm": spread(shm_times), "fsx": spread(fsx)},
     }
+
+
+# bench.recovery scenarios whose fault a snapshot should absorb: tier 1 (the process's memory) and a
+# worker restart (the pod's /dev/shm).
+FAULT_SCENARIOS = ("exception/tier1", "exception/tier2", "sigkill/tier2")
+
+
+def measure_faults(reps: int, work: Path) -> list[dict[str, Any]]:
+    """Faulted runs with snapshots every step: per fault its restore source and steps recomputed."""
+    from bench import recovery
+
+    cfg = recovery.RecoveryConfig(extra_trainer_args=("--snapshot-interval=1",))
+    res = recovery.run(list(FAULT_SCENARIOS), reps, work, cfg)
+    out = []
+    for rec in res["runs"]:
+        summary = Path(rec["out_dir"]) / "summary.json"
+        faults = json.loads(summary.read_text()).get("faults") or [] if summary.is_file() else []
+        first = faults[0] if faults else {}
+        out.append(
+            {
+                "scenario": rec["scenario"],
+                "rep": rec["rep"],
+                "ok": bool(rec.get("ok")),
+                "tier": rec.get("tier"),
+                "restored_from": first.get("restored_from"),
+                "steps_recomputed": rec.get("steps_recomputed"),
+                "mttr_s": rec.get("mttr_s"),
+                "unplanned_restarts": rec.get("unplanned_restarts"),
+            }
+        )
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,9 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dir", type=Path, default=Path("/dev/shm"), help="tmpfs for the snapshot slots")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--faults", type=int, default=0, help="repetitions of the faulted runs with snapshots (0: none)"
+    )
+    p.add_argument("--work", type=Path, default=Path("out/bench/snapshot"), help="the faulted runs' folder")
     args = p.parse_args(argv)
-    if any(m < 3 for m in args.mib) or args.reps < 1:
-        p.error("--mib: each >= 3; --reps: >= 1")
+    if any(m < 3 for m in args.mib) or args.reps < 1 or args.faults < 0:
+        p.error("--mib: each >= 3; --reps: >= 1; --faults: >= 0")
     import socket
 
     import torch.distributed as dist
@@ -150,8 +193,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     finally:
         dist.destroy_process_group()
+    faults = measure_faults(args.faults, args.work) if args.faults else []
+    for f in faults:
+        print(
+            f"fault {f['scenario']} rep {f['rep']}: ok={f['ok']} restored from {f['restored_from']}, "
+            f"{f['steps_recomputed']} steps recomputed",
+            flush=True,
+        )
     out = {
         "rows": rows,
+        "faults": faults,
         "config": {"reps": args.reps, "dir": str(args.dir), "cpus": os.cpu_count(), "host": platform.node()},
         "note": "one CPU rank; /dev/shm tmpfs; fsx = local disk here",
     }

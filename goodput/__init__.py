@@ -3,9 +3,11 @@
 Users run it (``python -m goodput``) to choose a checkpoint interval for their scale, failure rate and
 recovery tiers; the demo and the benchmarks feed it measured runs.
 
-Owns: the model and its optimum (``model``), named failure rates (``profiles``), an event-by-event
-Monte Carlo check of the model (``montecarlo``), fitting the model to a measured run or to
-bench.recovery's MTTRs (``fit``), the scale plot (``plot``) and the CLI (``cli``).
+Owns: the model and its optimum (``model``), named failure rates (``profiles``), the cluster-scale
+defaults with their sources and the rollbacks read from measurement files (``inputs``), tier specs, the
+snapshot interval and the replica-loss window (``tiers``), an event-by-event Monte Carlo check of the
+model (``montecarlo``), fitting the model to a measured run or to bench.recovery's MTTRs (``fit``), the
+scale plot (``plot``) and the CLI (``cli``). docs/goodput.md lists the inputs.
 May import: the standard library, numpy and matplotlib. Never ``infra``, ``trainer``, ``tools`` or
 ``bench``: it reads the trainer's output files (Contract 3 of docs/design.md), not its code.
 """

@@ -7,9 +7,11 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from goodput import inputs
 from goodput.fit import predict_from_summary, with_measured_mttrs
 from goodput.model import (
     Plan,
@@ -24,40 +26,19 @@ from goodput.model import (
 )
 from goodput.plot import plot_scale
 from goodput.profiles import PROFILES
+from goodput.tiers import SnapshotInputs, best_plan, parse_tier_spec, rollback_steps
 
 DESCRIPTION = (
     "Goodput planner: expected training efficiency and the best checkpoint interval at cluster scale."
 )
 
-DEFAULT_TIERS = (
-    # Illustrative shares and MTTRs; pass --tier (or --measured) for your own. This trainer's tier 1
-    # rebuilds the model and reloads the newest checkpoint (node-local first), so it rolls back too;
-    # rollback=memory models a tier that keeps the training state in memory.
-    "in-process:share=0.3:mttr=30:rollback=checkpoint",
-    "in-job:share=0.5:mttr=120:rollback=checkpoint",
-    "job-restart:share=0.2:mttr=900:rollback=checkpoint",
-)
+DEFAULT_TIERS = inputs.DEFAULT_TIERS
 
 
 def parse_tier(spec: str) -> Tier:
-    """Parse ``NAME:share=S:mttr=SECONDS[:rollback=checkpoint|memory]``."""
-    name, *parts = spec.split(":")
-    fields: dict[str, str] = {}
-    for part in parts:
-        key, sep, value = part.partition("=")
-        if not sep or key not in ("share", "mttr", "rollback"):
-            raise PlanError(
-                f"--tier {spec!r}: expected NAME:share=S:mttr=SECONDS[:rollback=...], got {part!r}"
-            )
-        fields[key] = value
-    for key in ("share", "mttr"):
-        if key not in fields:
-            raise PlanError(f"--tier {spec!r}: missing {key}=")
-    try:
-        share, mttr = float(fields["share"]), float(fields["mttr"])
-    except ValueError as err:
-        raise PlanError(f"--tier {spec!r}: share and mttr must be numbers") from err
-    return Tier(name, share, mttr, fields.get("rollback", "checkpoint"))  # type: ignore[arg-type]
+    """Parse ``NAME:share=S:mttr=SECONDS[:rollback=checkpoint|memory|peer][:...]`` into a model tier
+    (rollback seconds 0: see goodput.tiers for the measured rollback)."""
+    return parse_tier_spec(spec).tier()
 
 
 def _rate(args: argparse.Namespace) -> float:
@@ -78,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rate.add_argument("--rate-per-gpu-hour", type=float, default=None, help="faults per GPU-hour")
     p.add_argument(
-        "--tier", action="append", default=None, help="NAME:share=S:mttr=SEC[:rollback=checkpoint|memory]"
+        "--tier",
+        action="append",
+        default=None,
+        help="NAME:share=S:mttr=SEC[:rollback=checkpoint|memory|peer][:steps=N][:source=memory|shm|peer]"
+        "[:fallback-mttr=SEC] (share may be a fraction like 63/419; default: "
+        + ", ".join(DEFAULT_TIERS)
+        + ")",
     )
     p.add_argument(
         "--measured",
@@ -86,6 +73,47 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="take tier MTTRs from this bench.recovery result (bench/results/recovery.json)",
     )
+    p.add_argument(
+        "--rollback-from",
+        type=Path,
+        action="append",
+        default=[],
+        help="steps recomputed per fault by restore source, and the snapshot's blocked/floor ratio, from "
+        "this file (bench/results/snapshot.json, a run's summary.json); repeatable",
+    )
+    p.add_argument(
+        "--step-time",
+        type=float,
+        default=inputs.STEP_S,
+        help=f"seconds per step (default {inputs.STEP_S:.1f})",
+    )
+    p.add_argument("--snapshot-every", type=int, default=None, help="steps per snapshot (default: best)")
+    p.add_argument(
+        "--snapshot-blocked",
+        type=float,
+        default=None,
+        help="seconds one snapshot blocks the loop (default: state per GPU / D2H rate x blocked/floor ratio)",
+    )
+    p.add_argument(
+        "--state-gib-per-gpu",
+        type=float,
+        default=inputs.STATE_GIB_PER_GPU,
+        help=f"snapshot size per GPU (default {inputs.STATE_GIB_PER_GPU:.2f} GiB)",
+    )
+    p.add_argument("--d2h-gb-s", type=float, default=inputs.D2H_GB_S, help="device-to-host GB/s per GPU")
+    p.add_argument(
+        "--peer-correlated",
+        type=float,
+        default=inputs.PEER_CORRELATED,
+        help=f"probability a node loss takes its replica peer too (default {inputs.PEER_CORRELATED:.3f})",
+    )
+    p.add_argument(
+        "--rereplication-window",
+        type=float,
+        default=None,
+        help="seconds a lost node's replicated state is on one side only (default: its MTTR + 1 snapshot)",
+    )
+    p.add_argument("--replicas", type=int, default=inputs.REPLICAS, help="peers holding each replica")
     p.add_argument("--stall", type=float, default=10.0, help="seconds blocked per checkpoint save")
     p.add_argument("--interval", type=float, default=None, help="seconds between saves (default: optimal)")
     p.add_argument(
@@ -101,20 +129,64 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _snapshot_blocked(args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds one snapshot blocks, and where the figure comes from."""
+    if args.snapshot_blocked is not None:
+        return {"blocked_s": float(args.snapshot_blocked), "from": "given"}
+    for key in ("state_gib_per_gpu", "d2h_gb_s"):
+        if not getattr(args, key) > 0 or math.isinf(getattr(args, key)):
+            raise PlanError(
+                f"--{key.replace('_', '-')} must be a finite number > 0, got {getattr(args, key)}"
+            )
+    floor = args.state_gib_per_gpu * 2**30 / (args.d2h_gb_s * 1e9)
+    measured = inputs.measured_blocked_over_floor(args.rollback_from)
+    ratio, source = (
+        (measured[0], f"measured at {measured[1]} MiB/rank")
+        if measured
+        else (inputs.BLOCKED_OVER_FLOOR, "default (the issue's target)")
+    )
+    return {
+        "blocked_s": floor * ratio,
+        "floor_s": floor,
+        "blocked_over_floor": ratio,
+        "from": source,
+        "state_gib_per_gpu": args.state_gib_per_gpu,
+        "d2h_gb_s": args.d2h_gb_s,
+    }
+
+
 def run_plan(args: argparse.Namespace) -> dict[str, Any]:
     """Everything the CLI prints, as a dict."""
-    tiers = tuple(parse_tier(s) for s in (args.tier or DEFAULT_TIERS))
+    specs = tuple(parse_tier_spec(s) for s in (args.tier or DEFAULT_TIERS))
     if args.measured is not None:
-        tiers = with_measured_mttrs(tiers, json.loads(args.measured.read_text()))
-    plan = Plan(args.nodes, args.gpus_per_node, _rate(args), tiers, args.stall, args.interval or 1.0)
+        measured_tiers = with_measured_mttrs(
+            tuple(s.tier() for s in specs), json.loads(args.measured.read_text())
+        )
+        specs = tuple(replace(s, mttr_s=t.mttr_s) for s, t in zip(specs, measured_tiers, strict=True))
+    steps = rollback_steps(specs, inputs.measured_rollbacks(args.rollback_from), inputs.DEFAULT_STEPS)
+    blocked = _snapshot_blocked(args)
+    snap = SnapshotInputs(
+        args.step_time, blocked["blocked_s"], args.snapshot_every, args.rereplication_window
+    )
+    base = Plan(
+        args.nodes,
+        args.gpus_per_node,
+        _rate(args),
+        tuple(s.tier() for s in specs),
+        args.stall,
+        args.interval or 1.0,
+        peer_correlated=args.peer_correlated,
+        replicas=args.replicas,
+    )
+    plan, every = best_plan(base, specs, steps, snap)
     exact = optimal_interval(plan)
     if args.interval is None:
         plan = plan.with_(interval_s=exact if math.isfinite(exact) and exact > 0 else 3600.0)
     out = evaluate(plan)
-    base_mttr = args.baseline_mttr if args.baseline_mttr is not None else max(t.mttr_s for t in tiers)
-    base = checkpoint_restart_baseline(plan, base_mttr, args.baseline_stall)
-    base_opt = optimal_interval(base)
-    base_out = evaluate(base, base_opt if math.isfinite(base_opt) and base_opt > 0 else plan.interval_s)
+    base_mttr = args.baseline_mttr if args.baseline_mttr is not None else max(s.mttr_s for s in specs)
+    base_plan = checkpoint_restart_baseline(plan, base_mttr, args.baseline_stall)
+    base_opt = optimal_interval(base_plan)
+    base_out = evaluate(base_plan, base_opt if math.isfinite(base_opt) and base_opt > 0 else plan.interval_s)
     return {
         "plan": plan_dict(plan),
         "gpus": plan.gpus,
@@ -127,9 +199,16 @@ def run_plan(args: argparse.Namespace) -> dict[str, Any]:
         "efficiency_at_optimal": evaluate(plan, exact).efficiency
         if math.isfinite(exact) and exact > 0
         else out.efficiency,
+        "snapshots": {
+            "every_steps": every,
+            "step_s": args.step_time,
+            **blocked,
+            "rollback_steps": steps,
+            "peer_loss_probability": plan.peer_loss_probability,
+        },
         "baseline": {
             "mttr_s": base_mttr,
-            "stall_s": base.stall_s,
+            "stall_s": base_plan.stall_s,
             "interval_s": base_opt,
             "efficiency": base_out.efficiency,
         },
@@ -148,6 +227,17 @@ def format_text(r: dict[str, Any]) -> str:
         f"({100 * r['efficiency_at_optimal']:.2f} %), Young/Daly {r['interval_young_daly_s']:.0f} s",
         "lost time (% of wall):",
     ]
+    snap = r["snapshots"]
+    if snap["every_steps"] is not None:
+        lines[2:2] = [
+            f"snapshots          every {snap['every_steps']} steps of {snap['step_s']:.3g} s, "
+            f"{1e3 * snap['blocked_s']:.1f} ms blocked each (blocked/floor: {snap['from']}); "
+            f"replica lost with its node: p = {snap['peer_loss_probability']:.3g}",
+            *(
+                f"  {name:<16} {rb['steps']:g} steps recomputed per fault + the snapshot lag, {rb['from']}"
+                for name, rb in snap["rollback_steps"].items()
+            ),
+        ]
     lines += [f"  {k:<24} {100 * v:6.2f}" for k, v in r["lost"].items()]
     b = r["baseline"]
     lines.append(

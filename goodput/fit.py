@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,11 @@ def plan_from_summary(
       (fault -> first kept step after it; ``trainer.metrics`` keeps the *last* execution of each step,
       so that is the first step after the restart, and the work lost is the earlier execution of the
       recomputed steps - the model's ``recompute``, not part of the MTTR);
-    - rollback ``checkpoint`` when that tier's faults restored a checkpoint or recomputed steps, else
-      ``memory``;
+    - rollback ``checkpoint`` when one of that tier's faults restored the durable checkpoint (its
+      ``restored_from`` is ``fsx`` or ``local``, or, in summaries without it, it restored a checkpoint or
+      recomputed steps), ``peer`` when it restored from a peer's replica, else ``memory``; a memory or
+      peer tier recomputes ``rollback_s`` = (median steps recomputed + 0.5) x step time per fault (the
+      half is the step in flight, on average half done);
     - fault rate = recovered faults / running time (wall minus recovery minus ``fixed_s``, the
       start-up and tail the model does not cover).
     """
@@ -46,31 +50,45 @@ def plan_from_summary(
         interval_s = ckpt_interval_steps * step_s
     stall_stats = (summary.get("ckpt") or {}).get("stall_s") or {}
     stall = float(stall_stats.get("mean") or 0.0)
-    by_tier: dict[str, list[tuple[float, bool]]] = {}
+    by_tier: dict[str, list[tuple[float, str, int]]] = {}
     for f in incidents(summary.get("faults") or []):
         if f.get("mttr_s") is None:
             continue  # a fault the run never recovered from has no MTTR to plan with
         recomputed = int(f.get("steps_recomputed") or 0)
-        recovery_s = float(f["mttr_s"])
-        rolled_back = recomputed > 0 or f.get("restored_step") is not None
-        by_tier.setdefault(f"tier{f.get('tier')}", []).append((recovery_s, rolled_back))
+        by_tier.setdefault(f"tier{f.get('tier')}", []).append(
+            (float(f["mttr_s"]), _rollback_of(f), recomputed)
+        )
     n = sum(len(v) for v in by_tier.values())
-    recovery = sum(r for v in by_tier.values() for r, _ in v)
+    recovery = sum(r for v in by_tier.values() for r, _, _ in v)
     running = max(wall - recovery - fixed_s, productive)
     if n == 0:
         tiers: tuple[Tier, ...] = (Tier("none", 1.0, 0.0, "checkpoint"),)
     else:
-        tiers = tuple(
-            Tier(
-                name,
-                len(v) / n,
-                _median([r for r, _ in v]),
-                "checkpoint" if any(rb for _, rb in v) else "memory",
-            )
-            for name, v in sorted(by_tier.items())
-        )
+        tiers = tuple(_fitted_tier(name, v, n, step_s) for name, v in sorted(by_tier.items()))
     # One "node" of one GPU, so that the per-GPU rate is the run's own fault rate.
     return Plan(1, 1, n / running * 3600.0, tiers, stall, interval_s)
+
+
+def _rollback_of(fault: dict[str, Any]) -> str:
+    """Where one fault rolled back to, from its ``restored_from`` (older summaries: its restore)."""
+    source = fault.get("restored_from")
+    if source in ("memory", "shm"):
+        return "memory"
+    if source == "peer":
+        return "peer"
+    if source in ("fsx", "local"):
+        return "checkpoint"
+    rolled_back = int(fault.get("steps_recomputed") or 0) > 0 or fault.get("restored_step") is not None
+    return "checkpoint" if rolled_back else "memory"
+
+
+def _fitted_tier(name: str, faults: list[tuple[float, str, int]], n: int, step_s: float) -> Tier:
+    kinds = {k for _, k, _ in faults}
+    mttr = _median([r for r, _, _ in faults])
+    if "checkpoint" in kinds:
+        return Tier(name, len(faults) / n, mttr, "checkpoint")
+    redo = (_median([float(s) for _, _, s in faults]) + 0.5) * step_s
+    return Tier(name, len(faults) / n, mttr, "peer" if "peer" in kinds else "memory", redo)
 
 
 def incidents(faults: Sequence[dict[str, Any]], window_s: float = 5.0) -> list[dict[str, Any]]:
@@ -171,15 +189,17 @@ MEASURED_SOURCES = {
 
 
 def with_measured_mttrs(tiers: Sequence[Tier], recovery_result: dict[str, Any]) -> tuple[Tier, ...]:
-    """``tiers`` with each MTTR replaced by the median MTTR that bench.recovery measured for it."""
+    """``tiers`` with each MTTR replaced by the median MTTR that bench.recovery measured for it (a tier
+    with no scenario in MEASURED_SOURCES keeps its own; one whose scenario is missing is an error)."""
     summary = recovery_result.get("summary") or {}
     out = []
     for t in tiers:
         source = MEASURED_SOURCES.get(t.name)
-        spread = (summary.get(source) or {}).get("mttr_s") if source else None
+        if source is None:
+            out.append(t)
+            continue
+        spread = (summary.get(source) or {}).get("mttr_s")
         if not spread:
-            raise PlanError(
-                f"tier {t.name}: no measured MTTR (scenario {source or 'none'}) in the recovery result"
-            )
-        out.append(Tier(t.name, t.share, float(spread["median"]), t.rollback))
+            raise PlanError(f"tier {t.name}: no measured MTTR (scenario {source}) in the recovery result")
+        out.append(replace(t, mttr_s=float(spread["median"])))
     return tuple(out)

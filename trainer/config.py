@@ -210,6 +210,25 @@ def make_parser() -> argparse.ArgumentParser:
         "default: 10 or --inprocess-hard-timeout if shorter",
     )
     p.add_argument(
+        "--hang-timeout-floor",
+        type=float,
+        default=d.hang_timeout_floor,
+        help="seconds: the heartbeat timeout calculated from the measured step time is never shorter",
+    )
+    p.add_argument(
+        "--hang-timeout-factor",
+        type=float,
+        default=d.hang_timeout_factor,
+        help="the calculated heartbeat timeout is this times the longest step (saves included)",
+    )
+    p.add_argument(
+        "--hang-warmup-steps",
+        type=int,
+        default=d.hang_warmup_steps,
+        help="steps measured (at least --ckpt-interval + 1) before the calculated heartbeat timeout "
+        "replaces --heartbeat-timeout; 0 = never",
+    )
+    p.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -274,6 +293,9 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
             inprocess_barrier_timeout=args.inprocess_barrier_timeout,
             heartbeat_timeout=args.heartbeat_timeout,
             inprocess_liveness_timeout=args.inprocess_liveness_timeout,
+            hang_timeout_floor=args.hang_timeout_floor,
+            hang_timeout_factor=args.hang_timeout_factor,
+            hang_warmup_steps=args.hang_warmup_steps,
         ),
         faults=tuple(faults),
         fault_seed=args.fault_seed,

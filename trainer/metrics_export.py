@@ -226,8 +226,8 @@ def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Ite
             detection.setdefault(key, []).append(float(f["detection_s"]))
     for kind, n in sorted(counts.items()):
         faults.add_metric([kind], float(n))
-    for key, values in sorted(recovery.items()):
-        recovered.add_metric(list(key), float(len(values)))
+    for labels, values in sorted(recovery.items()):
+        recovered.add_metric(list(labels), float(len(values)))
     yield faults
     yield recovered
     yield _histogram(

@@ -71,11 +71,24 @@ def train_steps(
         if snap is not None:
             events.emit("snapshot", step=step, blocked_s=snap.blocked_s, copy_s=snap.copy_s, bytes=snap.bytes)
         heartbeat.beat()
-        if call_wrapper is not None:
-            call_wrapper.ping()
+        ping(call_wrapper)
         s.ckpt.after_step(step, s.state())
+        ping(call_wrapper)  # a save that blocked is progress too: each wait gets the whole soft timeout
+    heartbeat.pause()  # no more steps: the final commit and the run's end are judged by the static timeout
     s.ckpt.finish(s.state())  # run_end follows only once the last step is committed
+    ping(call_wrapper)
     return s.trainer.step
+
+
+def ping(call_wrapper: Any) -> None:
+    """Tell the in-process Wrapper that this rank made progress (its soft timeout counts from here).
+
+    Called after each phase that may block for long (a step, a save, the final commit, the run's end):
+    without it the phases add up, and a loaded machine exceeds the soft timeout on a healthy rank, which
+    then restarts an iteration that had already completed (seen: two `run_end completed` in one run).
+    """
+    if call_wrapper is not None:
+        call_wrapper.ping()
 
 
 def corrupt_newest(s: Session) -> None:

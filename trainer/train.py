@@ -29,7 +29,7 @@ from trainer.resilience.timeouts import trainer_ports
 from trainer.session import ProcessInfo, Session, select_device
 from trainer.snapshot.manager import Snapshots
 from trainer.state_hash import state_sha256
-from trainer.steploop import train_steps
+from trainer.steploop import ping, train_steps
 from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,10 @@ class Trainer:
             marker_dir=cfg.out_dir / "faults",
             emit=lambda kind, step: self.events.emit("fault_injected", fault=kind, step=step),
         )
+        from trainer.resilience.hangtimeout import policy_from_config
         from trainer.resilience.heartbeat import Heartbeat
 
-        self.heartbeat = Heartbeat.from_env()
+        self.heartbeat = Heartbeat.from_env(policy=policy_from_config(cfg, self.proc.rank))
         self.snapshots = Snapshots.for_run(cfg, rank=self.proc.rank, world_size=self.proc.world_size)
         self.store: dist.Store | None = None
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
@@ -122,15 +123,18 @@ class Trainer:
                 **({"state_sha256": digest} if digest else {}),
             )
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
+            ping(call_wrapper)
             if self.proc.rank == 0:
                 write_summary(self.cfg.out_dir)
             self.snapshots.finish()
+            ping(call_wrapper)
             session.teardown()
             return digest
         except BaseException as exc:
             # Reported as tier 1 only if the Wrapper really starts a new iteration (Contract 3): a dead
             # peer also lands here first, but then the launcher's SIGTERM ends this process (tier 2).
             self.caught = (time.time(), one_line(exc))
+            self.heartbeat.pause()  # the static hang timeout covers the restart, not the measured one
             self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.

@@ -18,6 +18,7 @@ from typing import Any
 from bench.report.fmt import rows_section
 from bench.report.planner import planner_section
 from bench.report.recovery import recovery_plot, recovery_section
+from bench.report.snapshots import snapshots_section
 from bench.report.synth import synth_plot, synth_section
 
 START = "<!-- bench:results:start -->"
@@ -53,6 +54,9 @@ def build(results: Path) -> str:
     if stall:
         parts.append(rows_section("Checkpoint stall", stall))
         parts += [f"![checkpoint stall]({png})\n" for png in stall.get("plots") or []]
+    snap = _load(results / "snapshot.json")
+    if snap:
+        parts.append(snapshots_section(snap, stall))
     synth = _load(results / "synth.json")
     if synth:
         parts.append(synth_section(synth))

@@ -11,21 +11,59 @@ def planner_section(res: dict[str, Any]) -> str:
     """Markdown for the planner figures written by the orchestrator."""
     d = res["default"]
     p = d["plan"]
-    tiers = ", ".join(
-        f"{t['name']} {100 * t['share']:.0f} % / {t['mttr_s']:g} s / {t['rollback']}" for t in p["tiers"]
-    )
+    snap = d.get("snapshots") or {}
+    steps = snap.get("rollback_steps") or {}
+
+    def tier(t: dict[str, Any]) -> str:
+        text = f"{t['name']} {100 * t['share']:.1f} % / {t['mttr_s']:g} s / {t['rollback']}"
+        if t["name"] in steps:
+            rb = steps[t["name"]]
+            text += f" ({rb['steps']:g} steps recomputed, {rb['from']}; with the snapshot lag "
+            text += f"{t['rollback_s']:.1f} s lost per fault)"
+        if t.get("fallback_mttr_s") is not None:
+            text += f", {t['fallback_mttr_s']:g} s when the replica is lost"
+        return text
+
     lost = ", ".join(f"{k} {100 * v:.2f} %" for k, v in d["lost"].items())
     text = [
         "### Goodput planner",
-        f"`{res['command']}`: {d['gpus']} GPUs at {p['rate_per_gpu_hour']:.3g} faults/GPU-hour "
-        f"(job MTBF {d['job_mtbf_h']:.2f} h); tiers (share / MTTR / rollback): {tiers}; stall "
-        f"{p['stall_s']:g} s. Expected efficiency **{100 * d['efficiency']:.2f} %** at the optimal interval "
-        f"{d['interval_optimal_s']:.0f} s (Young/Daly: {d['interval_young_daly_s']:.0f} s); lost: {lost}. "
-        f"Checkpoint-restart only (every fault a {d['baseline']['mttr_s']:g} s job restart): "
-        f"{100 * d['baseline']['efficiency']:.2f} %. The tier MTTRs are assumptions for a cluster, not "
-        "measurements.",
+        f"`{res['command']}`: {d['gpus']} GPUs at {p['rate_per_gpu_hour']:.3g} faults/GPU-hour (Llama 3 "
+        f"405B: job MTBF {d['job_mtbf_h']:.2f} h). Tiers (share of faults / MTTR / rollback; shares from "
+        "Llama 3's root causes, MTTRs assumed for a cluster): "
+        + "; ".join(tier(t) for t in p["tiers"])
+        + f". Durable save stall {p['stall_s']:g} s (assumed).",
         "",
     ]
+    if snap.get("every_steps") is not None:
+        ratio = snap.get("blocked_over_floor")
+        how = snap["from"]
+        if ratio is not None:
+            how = (
+                f"{1e3 * snap['floor_s']:.1f} ms to copy {snap['state_gib_per_gpu']:.2f} GiB per GPU at "
+                f"{snap['d2h_gb_s']:g} GB/s, x{ratio:.2f} blocked/floor: {snap['from']}"
+            )
+        text += [
+            f"Snapshots every {snap['every_steps']} steps (the planner's best) of {snap['step_s']:.2f} s, "
+            f"each blocking {1e3 * snap['blocked_s']:.1f} ms ({how}). A node loss takes the peer holding its "
+            f"replica too in {100 * p['peer_correlated']:.1f} % of cases (an assumed upper bound: every "
+            "network switch/cable interruption of Llama 3's), and a peer lost within the "
+            f"{p['rereplication_s']:.0f} s re-replication window takes it as well: p = "
+            f"{snap['peer_loss_probability']:.4f}; such a node loss rolls back to the durable checkpoint.",
+            "",
+        ]
+    text += [
+        f"Expected efficiency **{100 * d['efficiency']:.2f} %** at the optimal checkpoint interval "
+        f"{d['interval_optimal_s']:.0f} s (Young/Daly: {d['interval_young_daly_s']:.0f} s); lost: {lost}. "
+        f"Checkpoint-restart only (every fault a {d['baseline']['mttr_s']:g} s job restart from the last "
+        f"checkpoint, no snapshots): {100 * d['baseline']['efficiency']:.2f} %.",
+        "",
+    ]
+    if res.get("peer_correlated"):
+        rows = [
+            [f"{100 * r['peer_correlated']:.1f} %", f"{100 * r['efficiency']:.2f} %"]
+            for r in res["peer_correlated"]
+        ]
+        text += [md_table(["node losses that take the replica too", "efficiency"], rows), ""]
     if res.get("montecarlo"):
         rows = [
             [

@@ -60,6 +60,9 @@ the local demo can run the very same argv after swapping the env entries that na
 - {{ printf "--inprocess-barrier-timeout=%v" $v.inprocessBarrierTimeout | quote }}
 - {{ printf "--heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
 - {{ printf "--inprocess-liveness-timeout=%v" $v.inprocessLivenessTimeout | quote }}
+- {{ printf "--hang-timeout-floor=%v" $v.hangTimeoutFloor | quote }}
+- {{ printf "--hang-timeout-factor=%v" $v.hangTimeoutFactor | quote }}
+- --hang-warmup-steps={{ int $v.hangWarmupSteps }}
 {{- range $name := keys $v.faults | sortAlpha }}
 - {{ printf "--fault=%s" (get $v.faults $name) | quote }}
 {{- end }}

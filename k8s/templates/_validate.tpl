@@ -128,6 +128,14 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- include "trainer.requireIncreasing" (list
       (list "monitorInterval" $v.monitorInterval)
       (list "ftRankHeartbeatTimeout" $v.ftRankHeartbeatTimeout)) }}
+{{- /* The calculated hang timeout (trainer/resilience/hangtimeout.py) acts only after a lost node was
+     noticed (liveness) and is checked at least once before it runs out. */}}
+{{- include "trainer.requireIncreasing" (list
+      (list "inprocessLivenessTimeout" $v.inprocessLivenessTimeout)
+      (list "hangTimeoutFloor" $v.hangTimeoutFloor)) }}
+{{- include "trainer.requireIncreasing" (list
+      (list "ftWorkloadCheckInterval" $v.ftWorkloadCheckInterval)
+      (list "hangTimeoutFloor" $v.hangTimeoutFloor)) }}
 {{- $previous := 0 }}
 {{- range $v.failJobExitCodes }}
 {{- if le (int .) $previous }}

@@ -13,6 +13,13 @@ TIERS = (
     Tier("job-restart", 0.2, 900.0, "checkpoint"),
 )
 
+# Memory and peer tiers that recompute 12 s per fault; the peer tier's fallback restores the checkpoint.
+PEER_TIERS = (
+    Tier("in-process", 0.2, 30.0, "memory", 12.0),
+    Tier("node-loss", 0.7, 180.0, "peer", 12.0, 400.0),
+    Tier("job-restart", 0.1, 900.0, "checkpoint"),
+)
+
 
 def make_plan(**kw: Any) -> Plan:
     """The Llama 3 405B scale plan (2048 x 8 GPUs, stall 10 s, interval 600 s) with ``kw`` replaced."""

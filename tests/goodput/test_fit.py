@@ -35,7 +35,8 @@ def test_plan_from_summary_uses_the_runs_measured_parameters():
     assert plan.interval_s == pytest.approx(10.0)  # 10 steps x 1 s
     assert plan.stall_s == pytest.approx(0.5)
     by_name = {t.name: t for t in plan.tiers}
-    assert by_name["tier1"] == Tier("tier1", 1 / 3, 2.0, "memory")
+    # A memory rollback recomputes its steps plus half the step in flight: (0 + 0.5) x 1 s.
+    assert by_name["tier1"] == Tier("tier1", 1 / 3, 2.0, "memory", 0.5)
     assert by_name["tier2"] == Tier("tier2", 2 / 3, 10.0, "checkpoint")
     assert plan.fault_rate_s == pytest.approx(3 / (125.0 - 22.0))
     with pytest.raises(PlanError, match="ckpt_interval_steps"):
@@ -97,7 +98,8 @@ def test_measured_mttrs_come_from_the_recovery_bench(tmp_path, capsys):
     path.write_text(json.dumps(rec))
     assert main(["--measured", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, 6.0, 12.0]
+    # The default tiers: in-process measured, node-loss (no scenario: its assumed MTTR), job-restart.
+    assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, 180.0, 12.0]
 
 
 def test_a_node_loss_reported_by_each_rank_is_one_incident():

@@ -30,12 +30,14 @@ RUN_VALUES: dict[str, Any] = {
     "seed": 11,
     # Recovery from the durable checkpoint, as these tests assert it; the snapshot tests turn snapshots on.
     "snapshotInterval": 0,
-    # Nested as trainer/resilience/timeouts.py requires; short so a hang costs seconds, not minutes.
-    "collectiveTimeout": 3,
-    "inprocessSoftTimeout": 5,
-    "inprocessHardTimeout": 30,
-    "inprocessBarrierTimeout": 40,
-    "ftRankHeartbeatTimeout": 60,
+    # Nested as trainer/resilience/timeouts.py requires; short so a hang costs seconds, not minutes, yet
+    # above what a healthy step and save take on a loaded 2-core machine: at 3 s / 5 s a whole suite's load
+    # made healthy ranks time out and restart in-process again and again (seen: 8 iterations in one run).
+    "collectiveTimeout": 10,
+    "inprocessSoftTimeout": 15,
+    "inprocessHardTimeout": 40,
+    "inprocessBarrierTimeout": 50,
+    "ftRankHeartbeatTimeout": 70,
     # ft_launcher: 2 local ranks with heartbeat monitoring, short timeouts.
     "nodes": 1,
     "gpusPerNode": 2,

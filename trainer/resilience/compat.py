@@ -1,4 +1,5 @@
 """NVRx async-checkpoint compatibility: CPU-only hosts and the 0.4.1 / 0.7.x API drift, in one place.
+(At the end of the file: how calculated heartbeat timeouts reach ft_launcher's rank monitor.)
 
 NVRx's asynchronous checkpointing assumes CUDA in a few places. On a host where CUDA is available every
 function here is a pass-through (or adds nothing), so the GPU path is NVRx as shipped. On a CPU-only host
@@ -204,3 +205,43 @@ def prewarm(queue: Any) -> None:
         if process is not None and process.pid:
             manager_pids.append(int(process.pid))
     queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
+
+
+# ------------------------------------------------------------------------------------------------------
+# fault_tolerance: setting calculated heartbeat timeouts (trainer/resilience/hangtimeout.py).
+#
+# RankMonitorClient has no public setter for one heartbeat timeout: calculate_and_set_hb_timeouts()
+# computes its own value (no floor, a collective inside). Its state protocol is public and does what is
+# needed: load_state_dict() after init_workload_monitoring() sends the HeartbeatTimeouts it carries to
+# the rank monitor at once (an UpdateConfigMsg, acknowledged), which sets both of the monitor's heartbeat
+# timeouts; state_dict() returns the same layout. Checked in NVRx 0.7.0 (rank_monitor_client.py).
+
+#: RankMonitorClient.CURRENT_TIMEOUTS_STATE_KEY (a test checks it against the installed NVRx).
+TIMEOUTS_STATE_KEY = "current_timeouts"
+
+
+def heartbeat_state(initial_s: float | None, subsequent_s: float, calculated: bool) -> dict[str, Any]:
+    """A RankMonitorClient state dict carrying these heartbeat timeouts (HeartbeatTimeouts fields)."""
+    hb = {"initial": initial_s, "subsequent": subsequent_s, "were_calculated": calculated}
+    return {TIMEOUTS_STATE_KEY: {"heartbeat": hb}}
+
+
+def heartbeat_timeout_from_state(state: Any) -> float | None:
+    """The calculated subsequent-heartbeat timeout in a RankMonitorClient state dict, if it has one."""
+    try:
+        hb = state[TIMEOUTS_STATE_KEY]["heartbeat"]
+        return float(hb["subsequent"]) if hb.get("were_calculated") else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def set_heartbeat_timeouts(
+    client: Any, initial_s: float | None, subsequent_s: float, calculated: bool
+) -> None:
+    """Make the rank monitor of a connected client use these heartbeat timeouts from now on."""
+    client.load_state_dict(heartbeat_state(initial_s, subsequent_s, calculated))
+
+
+def initial_heartbeat_timeout(client: Any) -> float | None:
+    """The rank monitor's initial heartbeat timeout as a connected client received it (None: off)."""
+    return getattr(getattr(client, "cfg", None), "initial_rank_heartbeat_timeout", None)

@@ -16,8 +16,14 @@ in-process Wrapper can re-run the training function without reconnecting (a seco
 the monitor's initial-timeout clock). While a tier-1 restart is in progress no heartbeats flow, which is
 why trainer/resilience/timeouts.py requires heartbeat_timeout to exceed every tier-1 timeout.
 
+With a HangPolicy (trainer/resilience/hangtimeout.py) the heartbeat timeout in force becomes the one
+calculated from this rank's measured step time once the warm-up is measured (or from its first step
+when an earlier worker persisted one); `pause()` puts the static timeout back for the length of a
+tier-1 restart or the run's final commit, and the calculated one returns with the next beat.
+
 Only RankMonitorClient(), init_workload_monitoring(), send_heartbeat() and shutdown_workload_monitoring()
-are used: they have the same signatures in NVRx 0.4.1 and 0.7.x.
+are used (same signatures in NVRx 0.4.1 and 0.7.x), plus, with a HangPolicy, the client's state protocol
+through trainer/resilience/compat.py.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
+
+from trainer.resilience.hangtimeout import HangPolicy, StepIntervals, load_timeout, save_state
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +71,7 @@ class Heartbeat:
         enabled: bool,
         client_factory: Callable[[], _Client] = _nvrx_client,
         min_interval_s: float = 0.0,
+        policy: HangPolicy | None = None,
     ) -> None:
         if min_interval_s < 0:
             raise ValueError(f"min_interval_s: must be >= 0, got {min_interval_s}")
@@ -73,6 +82,11 @@ class Heartbeat:
         self._last_beat = float("-inf")
         self.beats_sent = 0
         """Heartbeats delivered to the monitor since start() (for tests and logs)."""
+        self._policy = policy
+        self._intervals = StepIntervals()
+        self._calculated: float | None = None  # the best hang timeout known (measured or persisted)
+        self._in_force: float | None = None  # the calculated timeout the monitor has now (None: static)
+        self._initial: float | None = None  # the monitor's initial timeout, kept as the launcher set it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **kwargs: Any) -> Heartbeat:
@@ -96,7 +110,10 @@ class Heartbeat:
         Call it as early as possible in the process: the monitor's initial timeout runs from here, so
         a rank that hangs in process-group set-up or checkpoint loading is caught too.
         """
-        if not self._enabled or self._client is not None:
+        if not self._enabled:
+            return
+        if self._client is not None:  # a new tier-1 iteration: its first step is not measured
+            self._intervals.restart()
             return
         client = self._factory()
         try:
@@ -111,6 +128,8 @@ class Heartbeat:
             return
         self._client = client
         log.info("heartbeat: connected to the ft_launcher rank monitor")
+        if self._policy is not None:
+            self._adopt_persisted(client)
 
     def beat(self) -> None:
         """Tell the monitor this rank made progress (call after every step)."""
@@ -127,6 +146,26 @@ class Heartbeat:
             return
         self._last_beat = now
         self.beats_sent += 1
+        if self._policy is not None:
+            self._intervals.observe(now)
+            self._maybe_calculate()
+
+    @property
+    def hang_timeout(self) -> float | None:
+        """The calculated hang timeout the rank monitor has now (None: the static one is in force)."""
+        return self._in_force
+
+    def pause(self) -> None:
+        """No step beats for a while: until the next beat the static timeout holds, not the calculated one.
+
+        Called where an iteration fails (a tier-1 restart: teardown, barrier, restore) and after the last
+        step (the final commit and the run's end); the next beat restores the calculated timeout and the
+        gap is not measured as a step."""
+        self._intervals.restart()
+        if self._client is None or self._policy is None or self._in_force is None:
+            return
+        self._push(self._policy.ceiling_s, calculated=False)
+        self._in_force = None
 
     def stop(self) -> None:
         """Close the connection (end of training); the monitor then stops watching this rank."""
@@ -141,3 +180,56 @@ class Heartbeat:
     def _drop(self) -> None:
         self._enabled = False
         self.stop()
+
+    # ------------------------------------------------------------------ calculated hang timeout
+    def _adopt_persisted(self, client: Any) -> None:
+        """At connect: take the initial timeout as the launcher set it, an earlier worker's calculated
+        timeout if there is one, and make the monitor's subsequent timeout explicit (the rank monitor
+        outlives worker restarts and keeps whatever the previous worker set)."""
+        from trainer.resilience.compat import initial_heartbeat_timeout
+
+        assert self._policy is not None
+        self._initial = initial_heartbeat_timeout(client)
+        persisted = load_timeout(self._policy.state_path)
+        if persisted is not None:
+            self._calculated = self._policy.clamp(persisted)
+            log.info("heartbeat: hang timeout %.2f s from %s", self._calculated, self._policy.state_path)
+        self._push(self._policy.ceiling_s, calculated=False)
+
+    def _maybe_calculate(self) -> None:
+        policy = self._policy
+        assert policy is not None
+        measured = self._intervals.count >= policy.warmup_steps
+        if measured:
+            value = policy.timeout(self._intervals.longest)
+            if self._calculated is None or value > self._calculated:
+                self._calculated = value
+                log.info(
+                    "heartbeat: hang timeout %.2f s (%g x longest step %.3f s over %d steps; floor %g s, "
+                    "static %g s)",
+                    value, policy.factor, self._intervals.longest, self._intervals.count,
+                    policy.floor_s, policy.ceiling_s,
+                )  # fmt: skip
+                if policy.state_path is not None:
+                    from trainer.resilience.compat import heartbeat_state
+
+                    try:
+                        save_state(policy.state_path, heartbeat_state(self._initial, value, True))
+                    except OSError as exc:  # persisting is an optimisation, never a reason to stop
+                        log.warning("heartbeat: could not persist the hang timeout: %s", exc)
+        wanted = self._calculated
+        if wanted is not None and wanted != self._in_force and self._push(wanted, calculated=True):
+            self._in_force = wanted
+
+    def _push(self, subsequent_s: float, *, calculated: bool) -> bool:
+        from trainer.resilience.compat import set_heartbeat_timeouts
+
+        if self._client is None:
+            return False
+        try:
+            set_heartbeat_timeouts(self._client, self._initial, subsequent_s, calculated)
+        except Exception as exc:  # the monitor is gone: as for a failed beat
+            log.warning("heartbeat: disabled after failing to set the timeout: %s", exc)
+            self._drop()
+            return False
+        return True

@@ -18,6 +18,16 @@ interval below and by `inprocess_hard_timeout` above (beyond it the hard timeout
 `heartbeat_timeout` here must equal the launcher's `--ft-rank-heartbeat-timeout` (the chart renders both
 from one value).
 
+Progress in steady state: the chain above is what holds at start-up and during every tier-1 restart.
+Once a rank has measured its step time (`hang_warmup_steps` steps, stretched to include a save), its
+launcher heartbeat timeout becomes min(heartbeat_timeout, max(hang_timeout_floor, hang_timeout_factor x
+the longest step including saves)) (trainer/resilience/hangtimeout.py). A rank without progress for that
+long is restarted by ft_launcher (tier 2) even when it is shorter than the tier-1 timeouts: a hang costs a
+worker restart, not minutes of waiting. Exceptions and lost nodes still reach tier 1 first, because the
+heartbeat puts the static `heartbeat_timeout` back the moment an iteration fails (`Heartbeat.pause`)
+and `hang_timeout_floor` must exceed the liveness timeout, so a lost node is noticed (and the restart
+begun) before the calculated timeout can act on the survivors.
+
 Lower bounds that no check here can know: the loop pings the Wrapper and beats the launcher heartbeat
 once per step, so `inprocess_soft_timeout` (and so every outer timeout) must exceed the longest step
 including the time a save blocks it (a whole write in `--ckpt-mode sync`, the first NVRx save that starts
@@ -26,9 +36,10 @@ restore happens before the first ping of an iteration and is covered by the Wrap
 progress timestamps, and for tier 2 by the launcher's `--ft-initial-rank-heartbeat-timeout`, which
 must cover start-up (imports, process group, model build, checkpoint load); the trainer never sees it.
 
-The Wrapper's internal intervals are derived here from these values, so the CLI exposes only the five
-above. The intervals are short because on CPU with gloo the Wrapper's polling is the main cost of a tier-1
-restart (see docs in trainer/resilience/inprocess.py); they can be raised at scale with the env knobs below.
+The Wrapper's internal intervals are derived here from these values, so the CLI exposes only the
+timeouts above. The intervals are short because on CPU with gloo the Wrapper's polling is the main cost
+of a tier-1 restart (see docs in trainer/resilience/inprocess.py); they can be raised at scale with the
+env knobs below.
 
 Ports (the chart must open them between pods, the local runner must keep them free):
 
@@ -84,6 +95,13 @@ class Timeouts:
     inprocess_liveness_timeout: float | None = None
     """Tier 1: seconds without a heartbeat from a peer's Wrapper monitor before that peer counts as dead;
     None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
+    hang_timeout_floor: float = 60.0
+    """Tier 2, steady state: the calculated hang timeout is never shorter than this (seconds)."""
+    hang_timeout_factor: float = 3.0
+    """Tier 2, steady state: the calculated hang timeout is this times the longest step (incl. saves)."""
+    hang_warmup_steps: int = 20
+    """Steps measured before the calculated hang timeout replaces heartbeat_timeout (at least one
+    checkpoint interval + 1, so a save is measured); 0 keeps heartbeat_timeout for the whole run."""
 
     def check(self) -> None:
         """Raise TimeoutNestingError naming the first field that is not positive or does not nest."""
@@ -109,6 +127,16 @@ class Timeouts:
                 f"must exceed the Wrapper heartbeat interval ({self.heartbeat_interval} s) and not exceed "
                 f"inprocess_hard_timeout ({self.inprocess_hard_timeout} s), got {self.liveness_timeout}",
             )
+        if not self.hang_timeout_floor > self.liveness_timeout:
+            raise TimeoutNestingError(
+                "hang_timeout_floor",
+                f"must exceed the liveness timeout ({self.liveness_timeout} s) so a lost node is noticed "
+                f"before the calculated hang timeout acts, got {self.hang_timeout_floor}",
+            )
+        if not self.hang_timeout_factor > 1:
+            raise TimeoutNestingError("hang_timeout_factor", f"must be > 1, got {self.hang_timeout_factor}")
+        if self.hang_warmup_steps < 0:
+            raise TimeoutNestingError("hang_warmup_steps", f"must be >= 0, got {self.hang_warmup_steps}")
         if self.monitor_interval >= self.inprocess_soft_timeout:
             raise TimeoutNestingError("inprocess_soft_timeout", "must exceed the Wrapper monitor interval")
 
