@@ -5,10 +5,11 @@
 - store.py:   SnapshotStore: two slots per rank in files on tmpfs (/dev/shm), header written last,
               CRC32 computed off the loop; offers only verified snapshots of this run, world size, rank.
 - budget.py:  do the slots fit in the pod's /dev/shm? (an UnrecoverableError naming snapshot_dir if not)
-- restore.py: every rank agrees on the newest step all can restore (memory, shm), else the durable
-              checkpoint; the `restore` event's `source` says which.
+- restore.py: every rank agrees on the newest step all can restore (memory, shm, then the node-local
+              checkpoint: trainer/checkpoint/local_restore.py), else the durable checkpoint; the
+              `restore` event's `source` says which.
 - manager.py: what the training loop calls (one object per process, surviving in-process restarts).
 
-Not implemented yet: peer replicas on another node (`peer`), the node-local NVMe tier (`local`).
+Not implemented yet: peer replicas on another node (`peer`).
 Importing this package does not import torch (trainer/config.py imports config.py).
 """
