@@ -92,18 +92,30 @@ def ping(call_wrapper: Any) -> None:
 
 
 def corrupt_newest(s: Session) -> None:
-    """ckpt-corrupt: make the newest committed checkpoint unreadable (flip bytes in its largest file)."""
+    """ckpt-corrupt: make the newest committed checkpoint unreadable (flip bytes in its largest file),
+    in both tiers: the node-local copy of that file too, if this node has it."""
     # No wait() here: it is collective and only the faulting rank is in this function.
     newest = s.ckpt.latest_committed_path()
     if newest is None:
         return
     files = sorted((p for p in Path(newest).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    if files:
-        with open(files[-1], "r+b") as fh:
-            size = files[-1].stat().st_size
-            fh.seek(size // 2)
-            chunk = fh.read(64)
-            fh.seek(size // 2)
-            fh.write(bytes(b ^ 0xFF for b in chunk))
-            fh.flush()
-            os.fsync(fh.fileno())
+    if not files:
+        return
+    targets = [files[-1]]
+    local = s.ckpt.manager.local
+    if local is not None:
+        targets.append(local.root / Path(newest).name / files[-1].name)
+    for target in targets:
+        if target.is_file():
+            _flip_middle(target)
+
+
+def _flip_middle(path: Path) -> None:
+    with open(path, "r+b") as fh:
+        size = path.stat().st_size
+        fh.seek(size // 2)
+        chunk = fh.read(64)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in chunk))
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -2,6 +2,7 @@
 
 - config.py:   CheckpointConfig, the one checkpoint configuration, and the CLI options made from it.
 - manager.py:  CheckpointManager: save / maybe_finalize / wait / abort / restore / close, the commit protocol.
+- resume.py:   restore_newest: the newest committed checkpoint that loads, agreed by every rank.
 - loop.py:     CheckpointLoop: the training loop's side of it (when to save, failures, resume policy).
 - policy.py:   pure rules: which steps save, when a pending save is polled, what retention deletes.
 - backends.py: how a rank writes its shards: sync (dcp.save), torch-async (dcp.async_save), nvrx (NVRx
@@ -10,8 +11,9 @@
                rename, retention.
 - state.py:    the loop's objects <-> a DCP state dict (FSDP2 DTensor shards; per-rank trainer state).
 - errors.py:   CheckpointWriteError (a save failed), NoLoadableCheckpoint (resume refused).
-
-Not implemented: the node-local tier (`local_dir` is accepted and ignored; every save goes to `dir`).
+- local_tier.py: the node-local tier (`local_dir`): this rank's shards written and sealed there first.
+- drain.py:    the local seal of a save and the start of its drain to `dir` (committed there after it).
+- local_restore.py: restore from the local tier, agreed by every rank (called by trainer/snapshot/restore.py).
 
 Names are imported lazily: `trainer.config` imports `trainer.checkpoint.config` while validating the
 command line, which must not import torch.distributed (`--check-config` runs without a process group).
@@ -29,18 +31,30 @@ _EXPORTS = {
     "CheckpointFailuresExceeded": "trainer.checkpoint.errors",
     "CheckpointHooks": "trainer.checkpoint.manager",
     "CheckpointManager": "trainer.checkpoint.manager",
-    "RestoreResult": "trainer.checkpoint.manager",
+    "RestoreResult": "trainer.checkpoint.resume",
     "SaveResult": "trainer.checkpoint.manager",
-    "SkippedCheckpoint": "trainer.checkpoint.manager",
+    "SkippedCheckpoint": "trainer.checkpoint.resume",
     "CheckpointLoop": "trainer.checkpoint.loop",
 }
 
 __all__ = sorted(_EXPORTS)
+_MODULES: tuple[str, ...] = (
+    "layout",
+    "policy",
+    "state",
+    "backends",
+    "manager",
+    "resume",
+    "loop",
+    "errors",
+    "config",
+)
+_MODULES += ("local_tier", "drain", "local_restore")
 
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name in ("layout", "policy", "state", "backends", "manager", "loop", "errors", "config"):
+    if name in _MODULES:
         return importlib.import_module(f"trainer.checkpoint.{name}")
     raise AttributeError(f"module 'trainer.checkpoint' has no attribute {name!r}")

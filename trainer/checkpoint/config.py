@@ -29,9 +29,10 @@ class CheckpointConfig:
     dir: Path = field(metadata=_opt("--ckpt-dir", "shared checkpoint dir (default: OUT_DIR/ckpt)"))
     """Shared checkpoint directory (FSx on the cluster): committed checkpoints live here."""
     local_dir: Path | None = field(
-        default=None, metadata=_opt("--ckpt-local-dir", "node-local checkpoint tier (accepted, unused)")
+        default=None, metadata=_opt("--ckpt-local-dir", "node-local checkpoint tier, drained to --ckpt-dir")
     )
-    """Node-local tier (NVMe). Accepted for the pod command's sake; not used yet (see package docstring)."""
+    """Node-local tier (the node's NVMe): each save is written and sealed here first, then drained to `dir`,
+    where it is committed (trainer/checkpoint/local_tier.py). None: saves go to `dir` directly."""
     interval_steps: int = field(default=10, metadata=_opt("--ckpt-interval", "save every N steps"))
     """Save after every step s with (s + 1) % interval_steps == 0 (steps are 0-based), and after the last
     step of the run whatever the interval."""

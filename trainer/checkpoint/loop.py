@@ -58,6 +58,18 @@ class CheckpointLoop:
         self.restored_step = result.step
         return result.step
 
+    def pass_over_incomplete(self) -> None:
+        """Rank 0: delete the shared directory's temp directories of interrupted saves and report each as
+        `ckpt_skipped`, as restore() does; for a resume from another source (no collective)."""
+        if self.rank != 0:
+            return
+        from trainer.checkpoint import layout
+
+        for tmp in layout.scan(self.cfg.dir)[1]:
+            layout.discard(tmp)
+            reason = "incomplete: never committed (interrupted save)"
+            self.events.emit("ckpt_skipped", path=str(tmp), reason=reason)
+
     # ----------------------------------------------------------------------------------------- steps
     def after_step(self, step: int, state: dict[str, Any]) -> None:
         """Save when policy says so (at the interval and after the last step); else poll a pending save."""

@@ -20,14 +20,19 @@ Life of one save (at most one is in flight; a new save first finishes the previo
      renames the directory to step_<N> (the moment it becomes visible), applies retention
      (policy.to_delete) and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the
      group's timeout.
+With a node-local tier (cfg.local_dir) the shards are written there instead, and step 3 comes twice:
+first the local seal (drain.py: .metadata to every node, each rank's seal, then each rank copies its
+files into the temp directory in the background), then, once every rank's copy is polled done like a
+write, the commit above. before_commit runs before the first of the two.
 
-restore() tries committed checkpoints newest first; a failed load is rolled back (state.Rollback), so
-the next candidate, or a fresh start, begins from exactly the state the caller built.
+restore() tries committed checkpoints newest first (resume.py); a failed load is rolled back
+(state.Rollback), so the next candidate, or a fresh start, begins from exactly the state the caller built.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,21 +43,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint import CheckpointException
 
 from trainer.checkpoint import layout, policy
 from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
+from trainer.checkpoint.drain import seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
-from trainer.checkpoint.state import (
-    Rollback,
-    apply_loaded,
-    build_load_dict,
-    build_save_dict,
-    fingerprint,
-    tensor_bytes,
-)
+from trainer.checkpoint.local_tier import LocalTier
+from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
+from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
 from trainer.resilience.progress import write_iteration_file
 
 log = logging.getLogger(__name__)
@@ -80,23 +80,6 @@ class SaveResult:
     """Bytes of tensor data this rank contributes to the checkpoint."""
 
 
-@dataclass(frozen=True)
-class SkippedCheckpoint:
-    path: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    step: int
-    """Step of the restored checkpoint; -1 when nothing was restored."""
-    path: str | None
-    load_s: float
-    skipped: list[SkippedCheckpoint] = field(default_factory=list)
-    committed: int = 0
-    """Committed checkpoints found (loadable or not): with step -1, a reason to refuse a fresh start."""
-
-
 @dataclass
 class _Pending:
     step: int
@@ -108,6 +91,12 @@ class _Pending:
     """This rank's part failed (sticky: the failure is reported at the next poll)."""
     calls: int = 0
     """Non-blocking finalize calls since the save (policy.poll_due decides which of them poll)."""
+    src: Path | None = None
+    """Where the backend writes this rank's shards: the local tier's step directory, else `tmp`."""
+    phase: str = "write"
+    """write (shards being written), then with a local tier drain (sealed locally, copying to `tmp`)."""
+    cancel: threading.Event = field(default_factory=threading.Event)
+    """Set by abort(): a drain still copying stops at its next chunk."""
 
 
 class CheckpointManager:
@@ -131,8 +120,11 @@ class CheckpointManager:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.hooks = hooks or CheckpointHooks()
         self.events = events
-        if cfg.local_dir is not None:
-            log.info("checkpoint local_dir %s is accepted but not used: one tier (dir) only", cfg.local_dir)
+        self.local = (  # the node-local tier: written first, sealed, drained to cfg.dir (local_tier.py)
+            LocalTier(cfg.local_dir, rank=rank, world_size=world_size, keep=cfg.keep_latest)
+            if cfg.local_dir is not None
+            else None
+        )
         self._owns_pg = process_group is None
         self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
@@ -181,8 +173,9 @@ class CheckpointManager:
         dist.barrier(group=self._pg)  # nobody writes into tmp before it is fresh
         sd = build_save_dict(state, self.rank)
         nbytes = tensor_bytes(sd)
+        src = self.local.begin(step, sd) if self.local is not None else tmp
         try:
-            token = self._backend.start(sd, tmp, self._writer_group())
+            token = self._backend.start(sd, src, self._writer_group())
         except BaseException as exc:  # also the Wrapper's asynchronous restart landing mid-write
             self._backend.abort()
             if self.rank == 0:
@@ -190,7 +183,7 @@ class CheckpointManager:
             if isinstance(exc, CheckpointWriteError):
                 raise CheckpointWriteError(f"checkpoint of step {step} failed: {exc}", step) from exc
             raise
-        self._pending = _Pending(step, tmp, token, t0)
+        self._pending = _Pending(step, tmp, token, t0, src=src)
         if self.cfg.mode == "sync":
             self._finalize(blocking=True)
         return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
@@ -222,6 +215,7 @@ class CheckpointManager:
         p, self._pending = self._pending, None
         if p is None:
             return
+        p.cancel.set()
         self._backend.abort()
         if self.rank == 0:
             try:
@@ -240,7 +234,7 @@ class CheckpointManager:
                 if p.files is None and self._backend.done(p.token):
                     if self.hooks.after_write is not None:
                         self.hooks.after_write(p.step)
-                    p.files = self._hasher.submit(self._durable_files, p.tmp)
+                    p.files = self._hasher.submit(self._durable_files, p.src or p.tmp)
                 if p.files is not None and p.files.done():
                     p.files.result()  # re-raises a hashing error
                     return "ready", None
@@ -291,6 +285,8 @@ class CheckpointManager:
                 self.hooks.progress()
             pause = min(pause * 2, self.BLOCKING_POLL_S[1])
         self._commit(p)
+        if self._pending is p:  # sealed on the local tier, now draining: committed once that is done
+            return self._finalize(blocking) if blocking else []
         return [p.step]
 
     def _fail(self, p: _Pending, reason: str) -> None:
@@ -298,14 +294,17 @@ class CheckpointManager:
         raise CheckpointWriteError(f"checkpoint of step {p.step} failed: {reason}", p.step)
 
     def _commit(self, p: _Pending) -> None:
-        if self.hooks.before_commit is not None:
+        if self.hooks.before_commit is not None and p.phase == "write":
             self.hooks.before_commit(p.step)
+        if self.local is not None and p.phase == "write":
+            seal_and_drain(self, p)  # the local commit; this commit runs again once the drain is done
+            return
         payload: dict[str, Any] = {
             "files": p.files.result() if p.files else {},
             "results": None,
             "error": None,
         }
-        if self._backend.defers_metadata:
+        if self._backend.defers_metadata and p.phase == "write":  # after a drain, .metadata is there
             try:
                 payload["results"] = self._backend.results(p.token)
             except CheckpointWriteError as exc:
@@ -330,7 +329,7 @@ class CheckpointManager:
             errors = [g["error"] for g in gathered if g["error"]]
             if errors:
                 raise CheckpointWriteError("; ".join(errors))
-            if self._backend.defers_metadata:
+            if self._backend.defers_metadata and p.phase == "write":
                 self._backend.finish(p.token, [g["results"] for g in gathered])
             files: dict[str, Any] = {}
             for g in gathered:
@@ -361,78 +360,25 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------------------------------- load
     def restore(self, state: dict[str, Any]) -> RestoreResult:
-        """Load the newest checkpoint that loads into `state` in place, skipping the others with a reason.
-
-        A checkpoint of another model (fingerprint) is skipped without reading it; one whose load fails
-        is rolled back, so nothing of it stays in `state`. With nothing loaded, `state` is as the caller
-        built it, bitwise. The policy (refuse a fresh start?) is the caller's: see `committed`.
-        """
-        t0 = time.perf_counter()
+        """Load the newest committed checkpoint that loads into `state` (see resume.restore_newest)."""
         if self._pending is not None:
             self.wait()
         self._fingerprint = fingerprint(state)
-        listing: list[Any] = [None]
-        if self.rank == 0:
-            candidates, temps = layout.scan(self.cfg.dir)
-            for tmp in temps:  # never committed: garbage from an interrupted save
-                layout.discard(tmp)
-            listing[0] = (
-                [(c.step, str(c.path), c.manifest, c.problem) for c in candidates],
-                [str(t) for t in temps],
-            )
-        dist.broadcast_object_list(listing, src=self._global_rank0(), group=self._group())
-        candidates_info, temps = listing[0]
-        skipped = [SkippedCheckpoint(t, "incomplete: never committed (interrupted save)") for t in temps]
-        rollback: Rollback | None = None
-        for step, path_str, manifest, problem in candidates_info:
-            path = Path(path_str)
-            reason = problem or self._foreign(manifest) or self._verify(path, manifest)
-            if reason is None:
-                rollback = rollback or Rollback(state)
-                reason = self._try_load(path, state)
-                if reason is not None:
-                    rollback.restore()
-            if reason is None:
-                return RestoreResult(step, path_str, time.perf_counter() - t0, skipped, len(candidates_info))
-            log.warning("skipping checkpoint %s: %s", path, reason)
-            self._unloadable.add(path_str)
-            skipped.append(SkippedCheckpoint(path_str, reason))
-        return RestoreResult(-1, None, time.perf_counter() - t0, skipped, len(candidates_info))
+        return restore_newest(
+            state,
+            self.cfg.dir,
+            rank=self.rank,
+            world_size=self.world_size,
+            group=self._group(),
+            model_fingerprint=self._fingerprint,
+            unloadable=self._unloadable,
+        )
 
     load_latest = restore  # the earlier name
 
-    def _foreign(self, manifest: dict[str, Any] | None) -> str | None:
-        theirs = (manifest or {}).get(layout.FINGERPRINT)
-        if theirs is None:
-            return None  # written before fingerprints: the load itself checks shapes
-        if theirs != self._fingerprint:
-            return (
-                f"model shape mismatch: fingerprint {theirs}, this run's model is {self._fingerprint} "
-                "(another preset or model change)"
-            )
-        return None
-
-    def _verify(self, path: Path, manifest: dict[str, Any]) -> str | None:
-        """Checksums, spread over ranks; every rank gets the same verdict."""
-        names = sorted(manifest["files"])[self.rank :: self.world_size]
-        return self._agree(layout.verify_checksums(path, manifest, names))
-
-    def _try_load(self, path: Path, state: dict[str, Any]) -> str | None:
-        error = None
-        try:
-            keys = set(FileSystemReader(path).read_metadata().state_dict_metadata)
-            template = build_load_dict(state, self.rank, keys)
-            dcp.load(template, storage_reader=FileSystemReader(path), process_group=self._group())
-            apply_loaded(state, template, self.rank)
-        except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
-            error = f"load failed: {type(exc).__name__}: {str(exc).strip()[:500]}"
-        return self._agree(error)
-
-    def _agree(self, error: str | None) -> str | None:
-        """The first rank's error, on every rank (None when no rank had one)."""
-        errors: list[Any] = [None] * self.world_size
-        dist.all_gather_object(errors, error, group=self._group())
-        return next((e for e in errors if e), None)
+    def load_from(self, path: Path, state: dict[str, Any], planner: Any = None) -> str | None:
+        """Load the checkpoint in `path` into `state` (a collective): None, or the error every rank got."""
+        return try_load(path, state, self.rank, self.world_size, self._group(), planner)
 
     @property
     def pending_step(self) -> int:

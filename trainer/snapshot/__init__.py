@@ -5,13 +5,13 @@
 - store.py:   SnapshotStore: two slots per rank in files on tmpfs (/dev/shm), header written last,
               CRC32 computed off the loop; offers only verified snapshots of this run, world size, rank.
 - budget.py:  do the slots fit in the pod's /dev/shm? (an UnrecoverableError naming snapshot_dir if not)
-- restore.py: every rank agrees on the newest step all can restore (memory, shm, peer), else the
-              durable checkpoint; the `restore` event's `source` says which.
+- restore.py: every rank agrees on the newest step all can restore (memory, shm, peer, then the
+              node-local checkpoint: trainer/checkpoint/local_restore.py), else the durable checkpoint;
+              the `restore` event's `source` says which.
 - ring.py:    which rank keeps which rank's replica (same local rank, next node).
 - replica.py: sends each committed snapshot to that rank and pulls it back for a replaced node, over
               replica_net.py (a TCP server per rank) into replica_shelf.py (verified, double-buffered).
 - manager.py: what the training loop calls (one object per process, surviving in-process restarts).
 
-Not implemented yet: the node-local NVMe tier (`local`).
 Importing this package does not import torch (trainer/config.py imports config.py).
 """

@@ -3,8 +3,9 @@
 Sources, in the order tried (SOURCES below; Contract 3 lists them as the `restore` event's `source`):
 `memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a snapshot left in the pod's
 /dev/shm by an earlier worker process: tier 2, worker restart), `peer` (this rank's replica kept by a
-rank on another node: a replaced or spare node, whose /dev/shm is empty), the durable checkpoint
-(`fsx`), or nothing (`none`, a fresh start).
+rank on another node: a replaced or spare node, whose /dev/shm is empty), `local` (the durable
+checkpoint's copy on the node's NVMe, trainer/checkpoint/local_restore.py), the durable checkpoint
+(`fsx`), or nothing (`none`, a fresh start). A newer step wins; of one step, the earlier source.
 
 The agreement is one small all_gather on the training group: each rank offers the steps of its verified
 snapshots (checksum, run, world size, rank), the replicas it keeps for other ranks (trainer/snapshot/
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import layout
+from trainer.checkpoint import layout, local_restore
 from trainer.checkpoint.state import apply_loaded, build_save_dict
 from trainer.snapshot import codec
 from trainer.snapshot.store import Offer, SnapshotStore
@@ -36,9 +37,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("memory", "shm", "peer", "fsx", "none")
-"""Where a rank's state comes from, in the order tried: the snapshot tiers (`_snapshot_source`), then
-the durable checkpoint (`ckpt.restore`). Contract 3's `restore` event `source`."""
+SOURCES = ("memory", "shm", "peer", "local", "fsx", "none")
+"""Where a rank's state comes from, in the order tried: the snapshot tiers (`_snapshot_source`), the
+node-local checkpoint (`local_restore`), the durable checkpoint (`ckpt.restore`). Contract 3's `restore`
+event `source`."""
 SNAPSHOT_SOURCES = SOURCES[:3]
 OFFERED = 2
 """Steps each rank offers (one per slot)."""
@@ -91,10 +93,12 @@ def restore(
     if peers is not None:  # a step a peer keeps a replica of counts as one the rank has
         for owner, steps in enumerate(peers.learn([r[OFFERED + 1 :] for r in table])):
             has[owner] |= steps
+    local = local_restore.agree(ckpt, state, durable, device)
+    refused += local.refused
     common = set.intersection(*has)
     tried_template = False
     for step in sorted(common, reverse=True):
-        if step < durable:
+        if step < max(durable, local.newest):  # a newer local checkpoint beats an older snapshot
             break
         tried_template = True
         found = _snapshot_source(step, offers, store, peers)
@@ -113,6 +117,13 @@ def restore(
             return Restored(step, source, path, load_s, [], refused)
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
         refused.append(f"step {step}: {error or 'failed on another rank'}")
+    from_local = local_restore.restore_local(ckpt, state, local, events=events, t0=t0)
+    if from_local is not None:
+        if store is not None:
+            store.discard_newer_than(from_local[0])
+        if peers is not None:
+            peers.after_restore(from_local[0])
+        return Restored(from_local[0], "local", from_local[1], from_local[2], [], refused)
     result = ckpt.restore(state)
     if result < 0 and tried_template:
         # A failed snapshot load may have overwritten part of the live state, and there is no durable
