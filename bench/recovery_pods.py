@@ -128,7 +128,7 @@ def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
         "seed": 0,
         "ckptInterval": cfg.ckpt_interval,
         "ckptKeep": 3,
-        "ckptMode": "sync",
+        "ckptMode": "nvrx",  # the chart's mode: what a cluster runs
         "snapshotInterval": 0,  # the lost node's snapshots die with it: recovery is from the checkpoint
         "inprocess": sc.inprocess,
         "collectiveTimeout": 10,

@@ -60,7 +60,7 @@ def _argv(port: int, out: Path, data: Path, *faults: str) -> list[str]:
         f"--steps={STEPS}",
         "--ckpt-interval=3",
         "--ckpt-keep=2",
-        "--ckpt-mode=sync",
+        "--ckpt-mode=nvrx",
         f"--out-dir={out}",
         "--device=cpu",
         "--no-inprocess",
