@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 COLLECTIVE_TIMEOUT_S = 5.0
 SLOW_S = 10.0  # the slow rank's extra time: well past the collective timeout
 # sync's wait is bounded by the same writer-group timeout as torch-async's: make soak runs it.
-MODES = ["nvrx", "torch-async", pytest.param("sync", marks=pytest.mark.soak)]
+MODES = ["nvrx", *(pytest.param(m, marks=pytest.mark.soak) for m in ("torch-async", "sync"))]
 
 
 def _save_with_a_slow_peer(rank: int, world_size: int, root: str, mode: str) -> None:

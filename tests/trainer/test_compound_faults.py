@@ -98,6 +98,8 @@ def _logs(log_dir: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-5000:]}" for p in sorted(log_dir.glob("pod-*.log")))
 
 
+# make soak: its unit half (test_heartbeat_runs_on_without_a_dead_rank_monitor) stays in make test.
+@pytest.mark.soak
 @pytest.mark.slow
 def test_rank_monitors_killed_then_a_rank_killed_recovers_in_the_pod(tmp_path: Path, tokens: Path) -> None:
     out = tmp_path / "run"
@@ -201,6 +203,9 @@ def test_a_rank_killed_while_the_worker_group_restarts_recovers_in_the_pod(tmp_p
     assert rec["mttr_s"] <= 2.0 * rec["single_mttr_s"] + 10.0, rec
 
 
+# make soak: it costs one barrier timeout by design (nothing tells the survivors the spare is gone);
+# make bench measures the same scenario (bench.recovery_pods).
+@pytest.mark.soak
 @pytest.mark.slow
 def test_the_spare_lost_while_it_joins_is_replaced_without_a_job_restart(tmp_path: Path) -> None:
     from bench.recovery_pods import SCENARIOS, PodsConfig, pod_values

@@ -108,7 +108,9 @@ def test_the_shared_commit_comes_only_after_the_drain(tmp_path: Path, one_rank: 
     assert set(seal["files"]) | {".metadata"} == set(manifest["files"])
 
 
-@pytest.mark.parametrize("mode", ["sync", "torch-async", "nvrx"])
+@pytest.mark.parametrize(
+    "mode", ["nvrx", *(pytest.param(m, marks=pytest.mark.soak) for m in ("sync", "torch-async"))]
+)
 def test_crash_during_drain_keeps_the_shared_checkpoint_and_restores_the_newer_local_one(
     tmp_path: Path, one_rank: Any, mode: str
 ) -> None:
