@@ -118,6 +118,14 @@ def abort_queue(queue: Any, timeout_s: float = 1.0) -> None:
     caller = getattr(queue, "persistent_caller", None)
     if caller is not None:
         caller.process = None  # so NVRx's __del__/close do not join a dead worker's queues
+        # A request still buffered for the dead worker keeps its queue's feeder thread blocked on a full
+        # pipe nobody reads; multiprocessing joins that thread at interpreter exit, so a trainer that
+        # completed after an abort never exited (seen: a finished run alive 90 min later, MainThread in
+        # Queue._finalize_join). Nothing on these queues is needed once the worker is gone.
+        for name in ("queue", "preload_q", "comp_q"):
+            q = getattr(caller, name, None)
+            if q is not None and hasattr(q, "cancel_join_thread"):
+                q.cancel_join_thread()
     if hasattr(queue, "async_calls"):
         queue.async_calls.clear()
 
