@@ -79,6 +79,7 @@ def test_the_pod_command_runs_on_a_read_only_root(sandbox: Path) -> None:
             "ftRankHeartbeatTimeout": 300,
             "ftInitialRankHeartbeatTimeout": 600,
             "metricsPort": free_port(),
+            "metricsLinger": 0,  # nobody scrapes here: the default keeps the finished pod up for 60 s
         }
     )
     pod = trainer_pod(render(values, release="ro"))
