@@ -4,6 +4,7 @@ its traceback holds, describe it in one line, and find a refused resume behind i
 from __future__ import annotations
 
 import traceback
+from collections.abc import Iterator
 
 
 def drop_frames(exc: BaseException) -> None:
@@ -15,13 +16,7 @@ def drop_frames(exc: BaseException) -> None:
     exception (`state.fn_exception`) until after its iteration barrier; a peer blocked in a collective
     with this rank (one not connected to the faulting rank) would then wait for the collective timeout.
     """
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        e = pending.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
+    for e in _chain(exc):
         tb = e.__traceback__
         if tb is not None:
             e.add_note(
@@ -30,6 +25,18 @@ def drop_frames(exc: BaseException) -> None:
             )
             traceback.clear_frames(tb)
             e.__traceback__ = None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and every exception chained to it (causes and contexts), each once, cycles included."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
         pending += [e.__cause__, e.__context__]
 
 
@@ -42,14 +49,4 @@ def refused_resume(exc: BaseException) -> BaseException | None:
     """The NoLoadableCheckpoint behind `exc` (the in-process Wrapper may wrap it), if any."""
     from trainer.checkpoint.errors import NoLoadableCheckpoint
 
-    seen: set[int] = set()
-    pending: list[BaseException | None] = [exc]
-    while pending:
-        e = pending.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, NoLoadableCheckpoint):
-            return e
-        pending += [e.__cause__, e.__context__]
-    return None
+    return next((e for e in _chain(exc) if isinstance(e, NoLoadableCheckpoint)), None)
