@@ -212,7 +212,13 @@ def prewarm(queue: Any) -> None:
         process = getattr(getattr(results_queue, "_manager", None), "_process", None)
         if process is not None and process.pid:
             manager_pids.append(int(process.pid))
-    queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
+    try:
+        queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
+    except Exception as exc:
+        # Only a head start: the first save starts the worker anyway. A run that ends (or gives up on an
+        # unrecoverable error) at once tears the process group down under this thread, and NVRx asks it
+        # for the rank: a one-line note, not a traceback in the log.
+        log.info("NVRx worker not started ahead of the first save: %s", exc)
 
 
 # ------------------------------------------------------------------------------------------------------
