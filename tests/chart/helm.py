@@ -77,3 +77,18 @@ def trainer_container(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 def env_of(container: dict[str, Any]) -> dict[str, str]:
     """The container's plain env values (the chart uses no valueFrom in the trainer container)."""
     return {e["name"]: e["value"] for e in container.get("env", [])}
+
+
+def rendered_trainer_config(tmp_path: Path, values: dict[str, Any]) -> Any:
+    """The TrainConfig the trainer parses from the chart's rendered command (with a tiny token file)."""
+    import numpy as np
+
+    from tools.podspec import expand
+    from trainer.config import config_from_args
+
+    data = tmp_path / "tokens.npy"
+    np.save(data, np.zeros(4096, dtype=np.uint16))
+    container = trainer_container(render({**values, "dataPath": str(data), "device": "cpu"}))
+    env = env_of(container)
+    argv = [expand(a, env) for a in container["command"] + container["args"]]
+    return config_from_args(argv[argv.index("-m") + 2 :], env={})

@@ -5,28 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from tests.chart.helm import env_of, rejection, render, trainer_container
-from tools.podspec import expand
-
-
-def _trainer_cfg(tmp_path: Path, values: dict[str, Any]) -> Any:
-    from trainer.config import config_from_args
-
-    data = tmp_path / "tokens.npy"
-    np.save(data, np.zeros(4096, dtype=np.uint16))
-    container = trainer_container(render({**values, "dataPath": str(data), "device": "cpu"}))
-    env = env_of(container)
-    argv = [expand(a, env) for a in container["command"] + container["args"]]
-    return config_from_args(argv[argv.index("-m") + 2 :], env={})
+from tests.chart.helm import rejection, rendered_trainer_config
 
 
 def test_chart_defaults_are_the_trainers_defaults(tmp_path: Path) -> None:
     from trainer.checkpoint.config import CheckpointConfig
 
-    ckpt = _trainer_cfg(tmp_path, {}).ckpt
+    ckpt = rendered_trainer_config(tmp_path, {}).ckpt
     default = CheckpointConfig(dir=ckpt.dir)
     for name in ("write_timeout_s", "failure_limit", "allow_fresh_start", "mode"):
         assert getattr(ckpt, name) == getattr(default, name), name
@@ -43,7 +30,7 @@ def test_chart_defaults_are_the_trainers_defaults(tmp_path: Path) -> None:
 def test_checkpoint_values_reach_the_trainer(
     tmp_path: Path, values: dict[str, Any], expected: dict[str, Any]
 ) -> None:
-    ckpt = _trainer_cfg(tmp_path, values).ckpt
+    ckpt = rendered_trainer_config(tmp_path, values).ckpt
     assert {name: getattr(ckpt, name) for name in expected} == expected
 
 

@@ -4,32 +4,18 @@ the trainer's, values reach the trainer as written, and the chart rejects what t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 
-from tests.chart.helm import env_of, rejection, render, template_result, trainer_container
-from tools.podspec import expand
+from tests.chart.helm import rejection, rendered_trainer_config, template_result
 
 SCHEMA_ERROR = "values don't meet the specifications of the schema(s)"
-
-
-def _trainer_cfg(tmp_path: Path, values: dict[str, Any]) -> Any:
-    from trainer.config import config_from_args
-
-    data = tmp_path / "tokens.npy"
-    np.save(data, np.zeros(4096, dtype=np.uint16))
-    container = trainer_container(render({**values, "dataPath": str(data), "device": "cpu"}))
-    env = env_of(container)
-    argv = [expand(a, env) for a in container["command"] + container["args"]]
-    return config_from_args(argv[argv.index("-m") + 2 :], env={})
 
 
 def test_defaults_are_the_trainers_and_values_arrive_as_written(tmp_path: Path) -> None:
     from trainer.resilience.timeouts import Timeouts
 
-    t = _trainer_cfg(tmp_path, {}).timeouts
+    t = rendered_trainer_config(tmp_path, {}).timeouts
     d = Timeouts()
     assert (t.hang_timeout_floor, t.hang_timeout_factor, t.hang_warmup_steps) == (
         d.hang_timeout_floor,
@@ -37,7 +23,7 @@ def test_defaults_are_the_trainers_and_values_arrive_as_written(tmp_path: Path) 
         d.hang_warmup_steps,
     )
     values = {"hangTimeoutFloor": 12.5, "hangTimeoutFactor": 2.5, "hangWarmupSteps": 0}
-    t = _trainer_cfg(tmp_path, values).timeouts
+    t = rendered_trainer_config(tmp_path, values).timeouts
     assert (t.hang_timeout_floor, t.hang_timeout_factor, t.hang_warmup_steps) == (12.5, 2.5, 0)
 
 
