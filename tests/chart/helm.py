@@ -46,7 +46,8 @@ def render(values: dict[str, Any] | None = None, *extra: str, **kwargs: str) -> 
     """Rendered manifests (hooks included); fails the test with helm's message on an error."""
     result = template_result(values, *extra, **kwargs)
     assert result.returncode == 0, result.stderr
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    # libyaml's parser (CSafeLoader): the same documents, several times faster than the pure-Python one.
+    return [doc for doc in yaml.load_all(result.stdout, Loader=yaml.CSafeLoader) if doc]
 
 
 def rejection(values: dict[str, Any] | None = None, *extra: str) -> str:

@@ -280,24 +280,31 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert any(r["action"] == "FailJob" and "containerName" not in r["onExitCodes"] for r in rules)
 
-    def run_check(values: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-        data = tmp_path / "tokens.npy"
-        np.save(data, np.zeros(4096, dtype=np.uint16))
+    data = tmp_path / "tokens.npy"
+    np.save(data, np.zeros(4096, dtype=np.uint16))
+
+    def start_check(values: dict[str, Any]) -> subprocess.Popen[str]:
         container = by_kind(render({**values, "dataPath": str(data), "device": "cpu"}), "Job")[0]
         check = container["spec"]["template"]["spec"]["initContainers"][-1]
         env = env_of(check)
         argv = [expand(a, env) for a in check["args"]]
-        return subprocess.run(
-            [sys.executable, "-m", "trainer", *argv], capture_output=True, text=True, check=False, timeout=120
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainer", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
-    ok = run_check({"preset": "tiny", "seqLen": 128})
-    assert ok.returncode == 0, ok.stderr
-    assert "config ok" in ok.stdout
+    # Both checks run at once: each is mostly torch's import, so the pair costs about one.
+    ok_check = start_check({"preset": "tiny", "seqLen": 128})
     # The chart refuses seqLen beyond the preset itself; extraTrainerArgs (appended last) get past it.
-    bad = run_check({"preset": "tiny", "seqLen": 128, "extraTrainerArgs": ["--seq-len=100000"]})
-    assert bad.returncode == 2
-    assert "seq_len" in bad.stderr
+    bad_check = start_check({"preset": "tiny", "seqLen": 128, "extraTrainerArgs": ["--seq-len=100000"]})
+    ok_out, ok_err = ok_check.communicate(timeout=120)
+    _, bad_err = bad_check.communicate(timeout=120)
+    assert ok_check.returncode == 0, ok_err
+    assert "config ok" in ok_out
+    assert bad_check.returncode == 2, bad_err
+    assert "seq_len" in bad_err
 
 
 def test_preset_vocabularies_mirror_the_trainer() -> None:
