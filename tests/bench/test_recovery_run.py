@@ -16,7 +16,11 @@ def test_full_restart_scenario_recovers_and_is_measured(tmp_path):
     # 2-core machine a healthy rank can wait over 8 s for a slow peer's checkpoint write (a false fault).
     cfg = replace(
         recovery.RecoveryConfig(),
-        steps=12,
+        # The trainer tests' small steps (seq 32 x 2) and few steps after the fault: what is measured is the
+        # restart, not training (the benchmark itself keeps its own sizes).
+        seq_len=32,
+        micro_batch_size=2,
+        steps=10,
         fault_step=7,
         ckpt_interval=3,
         run_timeout_s=240,
