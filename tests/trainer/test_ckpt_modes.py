@@ -145,9 +145,9 @@ def test_no_loadable_checkpoint_stops_with_status_2_and_a_line_per_checkpoint(
     assert "ckpt_dir:" in again.stdout and "--allow-fresh-start" in again.stdout
     assert not _of(_events(out), "step", pid=_of(_events(out), "run_start")[-1]["pid"]), "it trained"
 
-    fresh = _run(
-        [sys.executable, *_trainer(token_file, out, "sync", "--allow-fresh-start")], tmp_path / "fresh.log"
-    )
+    # 4 steps: saves after steps 2 and 3, so --ckpt-keep=2 has a checkpoint too many to drop.
+    fresh_argv = _trainer(token_file, out, "sync", "--allow-fresh-start", "--steps=4")
+    fresh = _run([sys.executable, *fresh_argv], tmp_path / "fresh.log")
     assert fresh.returncode == 0, fresh.stdout[-3000:]
     assert {r["step"] for r in _of(_events(out), "restore")} == {-1}
     assert any("checksum mismatch" in s["reason"] for s in _of(_events(out), "ckpt_skipped"))
