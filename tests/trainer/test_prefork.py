@@ -23,8 +23,7 @@ from trainer.prefork import PID_ENV, SOCKET_ENV
 REPO = Path(__file__).resolve().parents[2]
 READY_S = 180.0
 
-PROBE = (
-    """
+PROBE = """
 import json, os, signal, sys, time
 import trainer.prefork
 mode = sys.argv[1]
@@ -42,8 +41,6 @@ print(os.getpid(), flush=True)
 while True:
     time.sleep(0.05)
 """
-    % SOCKET_ENV
-)
 
 CLIENT = (
     "import sys; from trainer.prefork.client import run_forked; sys.exit(run_forked('probe', sys.argv[1:]))"
@@ -114,7 +111,8 @@ def test_the_worker_runs_with_the_clients_argv_env_cwd_stdio_and_exit_status(
     assert got["ppid"] == int(zygote[PID_ENV]), "forked by the zygote"
     assert got["launcher"] == os.getpid(), "launcher_pid() is the stand-in's parent (here: this test)"
     assert got["torch_preloaded"], "the zygote had imported torch before it forked"
-    assert SOCKET_ENV == "TRAINER_PREFORK_SOCKET" and got["socket_env"] is None, "the worker itself never asks the zygote again"
+    assert SOCKET_ENV == "TRAINER_PREFORK_SOCKET"
+    assert got["socket_env"] is None, "the worker itself never asks the zygote again"
     assert "to stderr" in err
 
 
