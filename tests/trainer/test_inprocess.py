@@ -76,11 +76,12 @@ def test_four_rank_exception_recovers_without_waiting_for_the_collective_timeout
 
 @pytest.mark.slow
 def test_hang_in_python_recovers_in_process(tmp_path: Path, token_file: Path) -> None:
-    # Rank 1 loops in Python; rank 0's collective times out (3 s), the Wrapper interrupts rank 1's loop.
+    # Rank 1 loops in Python; rank 0's collective times out (_jobs.RUN_VALUES collectiveTimeout), the
+    # Wrapper interrupts rank 1's loop. 6 steps: the restarted iteration trains 2 more, not 6.
     out, log = tmp_path / "run", tmp_path / "job.log"
-    rc = run_job([*torchrun(), *trainer_args(token_file, out, "--fault=hang:step=4:rank=1")], log)
+    rc = run_job([*torchrun(), *trainer_args(token_file, out, "--fault=hang:step=4:rank=1", steps=6)], log)
     assert rc == 0, log_tail(log)
-    summary = assert_completed(out, log)
+    summary = assert_completed(out, log, steps=6)
     evs = read_events(out)
     for rank in (0, 1):
         starts = of(evs, "run_start", rank=rank)
