@@ -225,8 +225,10 @@ class Driver:
     def workers(self) -> set[int]:
         """Pod 0's worker processes (`python -u -m trainer`, children of its launcher)."""
         launcher = self.job.pod(0).pid
-        return {
-            p for p in self.job.pod(0).processes() if _ppid(p) == launcher and "-m trainer" in _cmdline(p)
+        return {  # not the prefork zygote (`-m trainer.prefork.server`), also the launcher's child
+            p
+            for p in self.job.pod(0).processes()
+            if _ppid(p) == launcher and " -m trainer " in f"{_cmdline(p)} "
         }
 
     def __call__(self, events: list[dict[str, Any]]) -> None:

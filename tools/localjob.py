@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.localpod import LocalPod
+from tools.podcommand import launcher_argv
 
 #: Launchers whose rendezvous takes torch's `--rdzv-conf` (and its `is_host` key).
 RDZV_LAUNCHERS = ("ft_launcher", "torchrun")
@@ -33,7 +34,8 @@ def with_rdzv_host(argv: Sequence[str], is_host: bool) -> list[str]:
     """
     argv = list(argv)
     flag = f"is_host={int(is_host)}"
-    for i, arg in enumerate(argv):
+    first = len(argv) - len(launcher_argv(argv))  # past the preforkWorkers wrapper, if any
+    for i, arg in enumerate(argv[first:], start=first):
         if arg.startswith(("--rdzv-conf=", "--rdzv_conf=")):
             argv[i] = f"{arg}{'' if arg.endswith('=') else ','}{flag}"
             return argv
@@ -42,8 +44,8 @@ def with_rdzv_host(argv: Sequence[str], is_host: bool) -> list[str]:
             return argv
         if arg == "-m":
             break  # the trainer's own arguments follow
-    if argv and Path(argv[0]).name in RDZV_LAUNCHERS:
-        argv.insert(1, f"--rdzv-conf={flag}")
+    if first < len(argv) and Path(argv[first]).name in RDZV_LAUNCHERS:
+        argv.insert(first + 1, f"--rdzv-conf={flag}")
     return argv
 
 

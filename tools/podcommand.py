@@ -2,9 +2,10 @@
 and the benchmarks, so what they run cannot drift from what a pod runs (Contract 2 of docs/design.md).
 
 ``pod_argv(values, places)`` renders k8s/ with ``helm template`` and the given chart values, takes the
-trainer container's argv (``ft_launcher ... -m trainer ...``) and expands its ``$(VAR)`` references
-the way the kubelet does, with the env entries that name cluster places (rendezvous endpoint, data,
-checkpoint and output paths) swapped for local ones; ``ft_launcher`` comes from this virtualenv.
+trainer container's argv (``[python -m trainer.prefork] ft_launcher ... -m trainer ...``) and expands
+its ``$(VAR)`` references the way the kubelet does, with the env entries that name cluster places
+(rendezvous endpoint, data, checkpoint and output paths) swapped for local ones; ``ft_launcher`` and
+``python`` come from this virtualenv.
 ``trainer_argv`` is the part after the launcher (``-m trainer ...``), for runs under torchrun or alone.
 """
 
@@ -97,8 +98,16 @@ def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
     argv = trainer.resolved_argv(places.env())
     if "$(" in " ".join(argv):
         raise RenderError(f"unexpanded $(VAR) left in the pod command: {argv}")
+    prefix: list[str] = []
+    if argv[:3] == ["python", "-m", "trainer.prefork"]:  # preforkWorkers: the wrapper, then the launcher
+        prefix, argv = [sys.executable, "-m", "trainer.prefork"], argv[3:]
     launcher = VENV_BIN / argv[0]
-    return [str(launcher) if launcher.is_file() else argv[0], *argv[1:]]
+    return [*prefix, str(launcher) if launcher.is_file() else argv[0], *argv[1:]]
+
+
+def launcher_argv(argv: list[str]) -> list[str]:
+    """`argv` from the launcher on: a pod command without the preforkWorkers wrapper in front."""
+    return argv[3:] if argv[1:3] == ["-m", "trainer.prefork"] else argv
 
 
 def trainer_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:

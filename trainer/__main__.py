@@ -73,4 +73,10 @@ def error_line_safe(text: str) -> str:
 
 
 if __name__ == "__main__":
+    if os.environ.get("TRAINER_PREFORK_SOCKET"):  # trainer.prefork.SOCKET_ENV: a warm start
+        from trainer.prefork.client import run_forked
+
+        forked = run_forked("trainer", sys.argv[1:])
+        if forked is not None:
+            sys.exit(forked)
     sys.exit(main())

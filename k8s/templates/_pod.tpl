@@ -292,9 +292,17 @@ spec:
     - name: trainer
       image: {{ include "trainer.image" . | quote }}
       imagePullPolicy: {{ $v.image.pullPolicy | quote }}
+      {{- /* Contract 2: with preforkWorkers, trainer.prefork starts the pod's zygote and execs ft_launcher. */}}
+      {{- if $v.preforkWorkers }}
+      command: [python, -m, trainer.prefork]
+      args:
+        - ft_launcher
+        {{- include "trainer.args" . | nindent 8 }}
+      {{- else }}
       command: [ft_launcher]
       args:
         {{- include "trainer.args" . | nindent 8 }}
+      {{- end }}
       env:
         {{- include "trainer.env" . | nindent 8 }}
       ports:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import recovery, report
+from tools.podcommand import launcher_argv
 
 
 def _ev(ev, t, rank=0, restart=0, iteration=0, **fields):
@@ -112,6 +113,8 @@ def test_config_rejects_a_fault_without_recompute():
 def test_pod_command_follows_contract_2(tmp_path):
     cfg = recovery.RecoveryConfig()
     argv = recovery.pod_command(cfg, recovery.SCENARIOS["exception/full"], tmp_path, tmp_path / "t.npy", 1234)
+    assert argv[1:3] == ["-m", "trainer.prefork"]  # the chart's default: warm worker starts
+    argv = launcher_argv(argv)
     assert argv[0].endswith("ft_launcher")
     assert "--rdzv-endpoint=127.0.0.1:1234" in argv and "--max-restarts=0" in argv
     assert "--ft-restart-policy=any-failed" in argv

@@ -1,4 +1,5 @@
-"""The pod command (Contract 2): ft_launcher and the trainer accept exactly what the chart renders."""
+"""The pod command (Contract 2): ft_launcher and the trainer accept exactly what the chart renders (after
+the preforkWorkers wrapper, `python -m trainer.prefork`, which execs the launcher)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.chart.helm import by_kind, env_of, render, trainer_container
+from tools.podcommand import launcher_argv
 from tools.podspec import expand
 
 CONTRACT_ENV = (
@@ -27,11 +29,12 @@ def pod_argv(values: dict[str, Any] | None = None) -> tuple[list[str], dict[str,
     container = trainer_container(render(values))
     env = env_of(container)
     argv = [expand(a, env) for a in container["command"] + container["args"]]
-    return argv, env
+    return launcher_argv(argv), env
 
 
 def split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(ft_launcher's flags, the trainer's flags) around `-m trainer`."""
+    """(ft_launcher's flags, the trainer's flags) around `-m trainer` (the prefork wrapper dropped)."""
+    argv = launcher_argv(argv)
     assert argv[0] == "ft_launcher"
     i = argv.index("-m")
     assert argv[i + 1] == "trainer"
@@ -40,8 +43,12 @@ def split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def test_contract_2_command_shape() -> None:
     container = trainer_container(render())
-    assert container["command"] == ["ft_launcher"]
-    args = container["args"]
+    # preforkWorkers (the default): the prefork wrapper execs ft_launcher with the launcher's arguments.
+    assert container["command"] == ["python", "-m", "trainer.prefork"]
+    assert container["args"][0] == "ft_launcher"
+    plain = trainer_container(render({"preforkWorkers": False}))
+    assert plain["command"] == ["ft_launcher"] and plain["args"] == container["args"][1:]
+    args = container["args"][1:]
     assert args[:5] == [
         "--nnodes=$(NNODES):$(MAX_NNODES)",
         "--nproc-per-node=$(NPROC_PER_NODE)",

@@ -3,12 +3,13 @@ that name the cluster swapped for local ones."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.chart.helm import env_of, render, trainer_container
-from tools.podcommand import LOCAL_VALUES, LocalPlaces, RenderError, pod_argv, trainer_argv
+from tools.podcommand import LOCAL_VALUES, LocalPlaces, RenderError, launcher_argv, pod_argv, trainer_argv
 from tools.podspec import expand
 
 VALUES = {
@@ -28,12 +29,16 @@ def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
     raw = [*rendered["command"], *rendered["args"]]
     got = pod_argv(VALUES, PLACES)
     assert len(got) == len(raw)
-    assert Path(got[0]).name == raw[0] == "ft_launcher"
-    assert Path(got[0]).is_file(), "ft_launcher must come from this virtualenv"
+    # The chart's default wraps the launcher in the prefork wrapper; both run from this virtualenv.
+    assert raw[:4] == ["python", "-m", "trainer.prefork", "ft_launcher"]
+    assert got[0] == sys.executable and got[1:3] == ["-m", "trainer.prefork"]
+    assert Path(got[3]).name == "ft_launcher"
+    assert Path(got[3]).is_file(), "ft_launcher must come from this virtualenv"
+    assert launcher_argv(got)[0] == got[3]
     # Every other argument is the rendered one; a $(VAR) reference is expanded from the pod's env with
     # only the local places replaced.
     env = {**env_of(rendered), **PLACES.env()}
-    for before, after in zip(raw[1:], got[1:], strict=True):
+    for before, after in zip(raw[4:], got[4:], strict=True):
         assert after == expand(before, env)
         if "$(" not in before:
             assert after == before
@@ -42,6 +47,13 @@ def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
     assert "--ckpt-local-dir=/runs/r1-local" in got and "--data-path=/data/t.npy" in got
     assert "--max-restarts=6" in got and "--fault=sigkill:step=7:rank=1" in got
     assert got[-1] == "--lr=0.001" and "--metrics-port=0" in got and "--device=cpu" in got
+
+
+def test_without_prefork_the_launcher_is_the_command() -> None:
+    got = pod_argv({**VALUES, "preforkWorkers": False}, PLACES)
+    assert Path(got[0]).name == "ft_launcher" and Path(got[0]).is_file()
+    assert launcher_argv(got) == got
+    assert got[1:] == pod_argv(VALUES, PLACES)[4:]
 
 
 def test_trainer_argv_is_the_part_after_the_launcher() -> None:
