@@ -32,7 +32,7 @@ STATIC_S = 150  # the static heartbeat timeout: the calculated one never exceeds
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # ~1.5-2 min on 2 loaded cores (one hang timeout and one worker restart)
+@pytest.mark.soak  # 98-195 s on 2 loaded cores (a hang timeout and a worker restart), + the clean run
 def test_hang_with_snapshots_restores_from_shm_and_ends_exact(
     tmp_path: Path, token_file: Path, clean_run: tuple[Path, str]
 ) -> None:
