@@ -32,7 +32,7 @@ from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import active_at, role_changes, takeover_after
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
 from tools.ports import free_port
-from tools.recovery_phases import describe, launcher_events, phases
+from tools.recovery_phases import describe, launcher_events, phases, warm_starts
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
 
@@ -312,6 +312,9 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
     for fault, raw in zip(result["faults"], summary["faults"], strict=True):
         fault["takeover"] = _takeover(out / "logs", raw, nproc)
         fault["phases_s"] = phases(events, launcher, float(raw["t"]))
+        if fault["phases_s"] is not None:
+            t_fault = float(raw["t"])
+            fault["warm_starts"] = warm_starts(events, t_fault, t_fault + sum(fault["phases_s"].values()))
     (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
     draw(run_dir, summary, out / "timeline.png")
     print_report(result, out)
@@ -383,6 +386,11 @@ def print_report(r: dict[str, Any], out: Path) -> None:
             )
         if f.get("phases_s"):
             lines.append(f"             where the time went: {describe(f['phases_s'])}")
+            if f.get("warm_starts"):
+                forked, started = f["warm_starts"]
+                lines.append(
+                    f"             {forked} of {started} new worker processes forked from their pod's zygote"
+                )
     ck = r["checkpoint"]
     lines += [
         f"checkpoints   {ck['saves']} saves, {ck['commits']} committed; training blocked "

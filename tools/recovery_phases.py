@@ -103,3 +103,14 @@ def _first_per_rank(events: Sequence[dict[str, Any]], kind: str, until: float) -
 def describe(p: dict[str, float]) -> str:
     """One line: each phase's seconds, in order."""
     return ", ".join(f"{name.replace('_', ' ')} {p[name]:.1f}" for name in PHASES) + " (s)"
+
+
+def warm_starts(events: Sequence[dict[str, Any]], t_fault: float, t_end: float) -> tuple[int, int]:
+    """(forked, all) of the worker processes started between the fault and `t_end`: how many skipped
+    the imports because their pod's zygote forked them (run_start's `forked`, trainer/prefork)."""
+    starts = {
+        (int(e["rank"]), int(e["pid"])): bool(e.get("forked"))
+        for e in events
+        if e["ev"] == "run_start" and t_fault <= float(e["t"]) <= t_end and int(e.get("iteration", 0)) == 0
+    }
+    return sum(starts.values()), len(starts)

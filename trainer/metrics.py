@@ -24,7 +24,7 @@ from typing import Any
 
 # Contract 3: the extra fields each event type must carry (common fields are added by EventLog).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "run_start": ("world_size", "config"),
+    "run_start": ("world_size", "config", "forked"),
     "step": ("step", "t_start", "t_end", "loss", "tokens"),
     "fault_injected": ("fault", "step"),
     "fault_detected": ("tier", "reason"),

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainer import prefork
 from trainer.config import TrainConfig
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.failures import drop_frames, one_line, refused_resume
@@ -88,7 +89,9 @@ class Trainer:
             t_caught, reason = self.caught or (time.time(), "restarted by the in-process Wrapper")
             self.events.emit("fault_detected", tier=1, reason=reason, t_caught=t_caught)
             self.caught = None
-        self.events.emit("run_start", world_size=self.proc.world_size, config=self.cfg.to_dict())
+        self.events.emit(
+            "run_start", world_size=self.proc.world_size, config=self.cfg.to_dict(), forked=prefork.forked()
+        )
         session = Session()
         try:
             # Fresh keys per in-process iteration: stale keys would pair new ranks with a dead

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tools.recovery_phases import PHASES, describe, launcher_events, phases
+from tools.recovery_phases import PHASES, describe, launcher_events, phases, warm_starts
 
 T0 = datetime(2026, 11, 30, 7, 47, 18, tzinfo=UTC).timestamp()
 
@@ -63,3 +63,26 @@ def test_an_in_process_recovery_has_no_launcher_phases(tmp_path: Path) -> None:
         {"ev": "step", "t": T0 + 3.0, "t_start": T0 + 2.0, "rank": 0},
     ]
     assert phases(events, launcher_events(tmp_path), T0) is None
+
+
+def test_warm_starts_count_each_new_worker_process_of_the_recovery_once() -> None:
+    def start(t: float, rank: int, pid: int, forked: bool, iteration: int = 0) -> dict[str, object]:
+        return {
+            "ev": "run_start",
+            "t": T0 + t,
+            "rank": rank,
+            "pid": pid,
+            "iteration": iteration,
+            "forked": forked,
+        }
+
+    events = [
+        start(-50, 0, 10, False),  # the first start, before the fault
+        start(5, 0, 20, True),
+        start(5, 1, 21, True),
+        start(6, 2, 22, False),  # a cold start (no zygote yet on a fresh pod)
+        start(9, 0, 20, True, iteration=1),  # an in-process restart of a process already counted
+        start(99, 1, 30, True),  # a later recovery's
+    ]
+    assert warm_starts(events, T0, T0 + 10) == (2, 3)
+    assert warm_starts(events, T0 + 100, T0 + 110) == (0, 0)

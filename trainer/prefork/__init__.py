@@ -34,3 +34,8 @@ def launcher_pid() -> int:
     """The launcher agent that started this worker: the parent of a cold worker, the parent of the
     stand-in of a forked one (whose own parent is the zygote)."""
     return _launcher_pid if _launcher_pid is not None else os.getppid()
+
+
+def forked() -> bool:
+    """Whether this process is a worker the zygote forked (a warm start)."""
+    return _launcher_pid is not None
