@@ -9,8 +9,9 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
               fault during recovery), as several local pods (--quick: node loss only, one repetition)
 - ckpt_stall  ``python -m bench.ckpt_stall --mib 64 256 1024 --out <json>`` (the checkpoint engineer's
               bench; --quick: its own short pass)
-- snapshot    ``python -m bench.snapshot --mib 64 256 1024 --out <json>``: host-memory snapshot blocked
-              time vs the one-copy floor, host memory per rank, restore time per source
+- snapshot    ``python -m bench.snapshot --mib 64 256 1024 --faults 3 --out <json>``: host-memory snapshot
+              blocked time vs the one-copy floor, host memory per rank, restore time per source, steps
+              recomputed per fault (a node loss restored from its peer's replica among them)
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import goodput
-from bench import recovery, recovery_pods, report
+from bench import recovery, recovery_pods, report, snapshot
 from goodput.cli import build_parser, run_plan
 from goodput.montecarlo import simulate
 from goodput.plot import plot_scale
@@ -56,7 +57,9 @@ def run_recovery(results: Path, quick: bool) -> None:
 
 
 def run_pods(results: Path, quick: bool) -> None:
-    names = list(recovery_pods.QUICK) if quick else list(recovery_pods.SCENARIOS)
+    # The node loss with snapshots is bench.snapshot's (its rollback feeds the planner): not run twice.
+    full = [n for n in recovery_pods.SCENARIOS if n not in snapshot.POD_FAULT_SCENARIOS]
+    names = list(recovery_pods.QUICK) if quick else full
     cfg = recovery_pods.PodsConfig()
     res = recovery_pods.run(names, 1 if quick else 3, REPO / "out" / "bench" / "recovery_pods", cfg)
     _write(results / "recovery_pods.json", res)
@@ -258,7 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bench.ckpt_stall", args.results / "ckpt_stall.json", CKPT_ARGS[args.quick], 900
         ),
         "snapshot": lambda: run_module(
-            "bench.snapshot", args.results / "snapshot.json", SNAPSHOT_ARGS[args.quick], 900
+            # 3 sizes, then 3 x 3 faulted runs and 3 node losses (~2 min each): ~25 min on 2 loaded cores
+            "bench.snapshot",
+            args.results / "snapshot.json",
+            SNAPSHOT_ARGS[args.quick],
+            2400,
         ),
         "synth": lambda: run_module("bench.synth", args.results / "synth.json", SYNTH_ARGS[args.quick], 900),
         "planner": lambda: run_planner(args.results, args.quick),

@@ -11,6 +11,10 @@ scenario                        faults
 ==============================  ================================================================
 node-loss/spare                 node 1 lost (every process of its pod killed); a hot spare waits
 node-loss/no-spare              the same, no spare: the round waits for the replacement pod
+node-loss/peer                  node-loss/spare with snapshots every step, replicated to the other
+                                node (the chart's defaults): the spare restores the lost node's
+                                ranks from the survivor's replica (`peer`), the survivor from its
+                                own /dev/shm (bench.snapshot records it for the planner)
 compound/rank-during-restart    a rank SIGKILLed, then another one; while ft_launcher restarts the
                                 worker group, one of the new workers is SIGKILLed as it starts
 compound/spare-during-join      node 1 lost (the spare takes over, the lost pod's replacement
@@ -63,6 +67,8 @@ class PodsScenario:
     SIGKILL the first new worker process), "kill-joining-spare" (after the last fault, lose the spare's
     pod as soon as the round admitted it), "kill-monitors" (at step 3, SIGKILL the rank monitors)."""
     inprocess: bool = True
+    snapshots: bool = False
+    """Snapshots every step, replicated to the next node (the chart's defaults); else none."""
 
 
 SCENARIOS: dict[str, PodsScenario] = {
@@ -70,6 +76,7 @@ SCENARIOS: dict[str, PodsScenario] = {
     for s in (
         PodsScenario("node-loss/spare", 2, 1, 1, ("node-loss:step=6:node=1",)),
         PodsScenario("node-loss/no-spare", 2, 0, 1, ("node-loss:step=6:node=1",)),
+        PodsScenario("node-loss/peer", 2, 1, 1, ("node-loss:step=6:node=1",), snapshots=True),
         PodsScenario(
             "compound/rank-during-restart",
             1,
@@ -129,7 +136,10 @@ def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
         "ckptInterval": cfg.ckpt_interval,
         "ckptKeep": 3,
         "ckptMode": "nvrx",  # the chart's mode: what a cluster runs
-        "snapshotInterval": 0,  # the lost node's snapshots die with it: recovery is from the checkpoint
+        # Without snapshots recovery is from the checkpoint; with them (and replication, which needs
+        # the 2 nodes) the lost node's state comes back from its peer's replica.
+        "snapshotInterval": 1 if sc.snapshots else 0,
+        "snapshotReplication": sc.snapshots,
         "inprocess": sc.inprocess,
         "collectiveTimeout": 10,
         "inprocessSoftTimeout": 15,
@@ -160,7 +170,9 @@ def make_data(path: Path, cfg: PodsConfig) -> Path:
 
 
 def pod_specs(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path, port: int) -> list[PodSpec]:
-    """One PodSpec per Job index (nodes + spares), each with its own node-local directories."""
+    """One PodSpec per Job index (nodes + spares), each with its own node-local directories (NVMe tier,
+    /dev/shm), empty in a replacement pod (tools/localpods.py node_places)."""
+    from tools.localpods import node_places, node_pod_spec
     from tools.podcommand import LocalPlaces, pod_argv
 
     stores = free_port(span=2)
@@ -174,10 +186,11 @@ def pod_specs(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path, port
     }
     specs = []
     for index in range(sc.nodes + sc.spares):
-        places = LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt", run_dir / f"local{index}")
+        places = node_places(LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt"), index)
         pod_env = {**env, "GROUP_RANK": str(index), "JOB_COMPLETION_INDEX": str(index)}
         argv = pod_argv(pod_values(sc, cfg), places)
-        specs.append(PodSpec(f"pod-{index}", argv, pod_env, run_dir / "logs" / f"pod-{index}.log"))
+        log = run_dir / "logs" / f"pod-{index}.log"
+        specs.append(node_pod_spec(f"pod-{index}", argv, pod_env, log, places))
     return specs
 
 
@@ -306,7 +319,12 @@ def measure(
         "wall_s": wall_s,
         "status": summary.get("status"),
         "faults": [
-            {k: f.get(k) for k in ("type", "step", "tier", "mttr_s", "steps_recomputed")} for f in faults
+            {
+                **{k: f.get(k) for k in ("type", "step", "tier", "mttr_s", "steps_recomputed")},
+                **{k: f.get(k) for k in ("ranks", "restored_step", "restored_from", "restored_by_source")},
+                "lost_restored_from": lost_source(f),
+            }
+            for f in faults
         ],
         "mttr_s": faults[-1]["mttr_s"] if faults else None,
         "single_mttr_s": faults[0]["mttr_s"] if len(faults) > 1 else None,
@@ -337,6 +355,15 @@ def measure(
         and rec["unplanned_pod_restarts"] == 0
     )
     return rec
+
+
+def lost_source(fault: dict[str, Any]) -> str | None:
+    """Where the ranks a fault hit restored from (a node loss: the lost node's ranks; the survivors'
+    source, rank 0's `restored_from`, says nothing about the lost state); None when they disagree."""
+    hit = {int(r) for r in fault.get("ranks") or [fault.get("rank")] if r is not None}
+    by_source: dict[str, list[int]] = fault.get("restored_by_source") or {}
+    sources = {src for src, ranks in by_source.items() if hit & {int(r) for r in ranks}}
+    return sources.pop() if len(sources) == 1 else None
 
 
 def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,9 @@ With ``--faults N`` it also runs bench.recovery's faulted training runs with sna
 (``--snapshot-interval=1`` appended to the chart's trainer arguments), N repetitions of each of
 FAULT_SCENARIOS, and records per fault the tier, where the restore came from (summary.json's
 ``restored_from``), the steps recomputed and the MTTR: the rollback per fault the planner reads
-(``python -m goodput --rollback-from``).
+(``python -m goodput --rollback-from``). POD_FAULT_SCENARIOS adds bench.recovery_pods' node loss with
+snapshots replicated to the other node: its ``restored_from`` is where the lost node's ranks restored
+from (``peer``: the survivor's replica), the rollback of the planner's node-loss tier.
 One gloo rank (the codec stores local shards; sharding does not change the per-rank cost). Timings on a
 shared 2-core machine are noisy: read the medians with their spread.
 """
@@ -126,6 +128,9 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
 # bench.recovery scenarios whose fault a snapshot should absorb: tier 1 (the process's memory) and a
 # worker restart (the pod's /dev/shm).
 FAULT_SCENARIOS = ("exception/tier1", "exception/tier2", "sigkill/tier2")
+# bench.recovery_pods scenarios: a whole node lost (2 pods x 1 rank and a hot spare), its state restored
+# from the replica on the surviving node.
+POD_FAULT_SCENARIOS = ("node-loss/peer",)
 
 
 def measure_faults(reps: int, work: Path) -> list[dict[str, Any]]:
@@ -149,6 +154,31 @@ def measure_faults(reps: int, work: Path) -> list[dict[str, Any]]:
                 "steps_recomputed": rec.get("steps_recomputed"),
                 "mttr_s": rec.get("mttr_s"),
                 "unplanned_restarts": rec.get("unplanned_restarts"),
+            }
+        )
+    return out + measure_node_loss(reps, work / "pods")
+
+
+def measure_node_loss(reps: int, work: Path) -> list[dict[str, Any]]:
+    """POD_FAULT_SCENARIOS: per node loss where the lost node's ranks restored from (``restored_from``),
+    where every rank did (``restored_by_source``) and the steps recomputed."""
+    from bench import recovery_pods
+
+    res = recovery_pods.run(list(POD_FAULT_SCENARIOS), reps, work, recovery_pods.PodsConfig())
+    out = []
+    for rec in res["runs"]:
+        first = (rec.get("faults") or [{}])[0]
+        out.append(
+            {
+                "scenario": rec["scenario"],
+                "rep": rec["rep"],
+                "ok": bool(rec.get("ok")) and first.get("lost_restored_from") is not None,
+                "tier": first.get("tier"),
+                "restored_from": first.get("lost_restored_from"),
+                "restored_by_source": first.get("restored_by_source"),
+                "steps_recomputed": first.get("steps_recomputed"),
+                "mttr_s": rec.get("mttr_s"),
+                "unplanned_restarts": rec.get("unplanned_pod_restarts"),
             }
         )
     return out

@@ -218,7 +218,8 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
                 pod.trainer.resolved_argv(env),
                 process_env(env),
                 out / "logs" / f"pod-{index}.log",
-                fresh_dirs=tuple(Path(env[k]) for k in ("SNAPSHOT_DIR",) if k in env),
+                # A replacement pod is a new node: its /dev/shm and NVMe hold nothing of the lost one.
+                fresh_dirs=tuple(Path(env[k]) for k in ("SNAPSHOT_DIR", "LOCAL_CHECKPOINT_DIR") if k in env),
             )
         )
 

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tools.localjob import JobResult, LocalJob, PodExit, PodSpec
 from tools.localpod import LOCAL_POD_ENV, POD_MARKER_ENV, LocalPod
+from tools.podcommand import LocalPlaces
 from tools.ports import free_port
 
 __all__ = [
@@ -40,7 +42,35 @@ __all__ = [
     "PodExit",
     "PodSpec",
     "main",
+    "node_places",
+    "node_pod_spec",
 ]
+
+
+# -- one node per pod: node-local places -----------------------------------------------------------------
+def node_places(places: LocalPlaces, index: int) -> LocalPlaces:
+    """The places of the pod with Job index ``index``: the shared ones of ``places`` (data, output, the
+    FSx checkpoint) and node-local folders of its own, as each pod of the Job runs on a node of its own:
+    the NVMe tier (``<out>-node<index>-local``) and /dev/shm (``<out>-node<index>-shm``). One folder for
+    every pod would let a replaced node restore from a copy (`local`, `shm`) that only its lost
+    predecessor had: a real replacement is another machine and finds neither."""
+    out = places.out_dir
+    return replace(
+        places,
+        local_ckpt_dir=out.parent / f"{out.name}-node{index}-local",
+        snapshot_dir=out.parent / f"{out.name}-node{index}-shm",
+    )
+
+
+def node_pod_spec(
+    name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, places: LocalPlaces
+) -> PodSpec:
+    """A pod on a node of its own (``places`` from node_places): its node-local folders are emptied
+    before each pod of its index starts, so a replacement pod (a new node after a node loss) restores
+    from a peer or the shared checkpoint, never from what the lost pod left behind. (A worker restart
+    inside a pod keeps both: ft_launcher restarts processes, not the pod.)"""
+    node_dirs = tuple(d for d in (places.local_ckpt_dir, places.snapshot_dir) if d is not None)
+    return PodSpec(name, argv, env, log_path, fresh_dirs=node_dirs)
 
 
 # -- command line: run any command as N local pods -----------------------------------------------------

@@ -50,6 +50,9 @@ class LocalPlaces:
     """Default: ``out_dir/ckpt``, the trainer's own default."""
     local_ckpt_dir: Path | None = None
     """Default: ``out_dir/../local``: a node-local tier beside the run, never inside ``ckpt_dir``."""
+    snapshot_dir: Path | None = None
+    """The pod's /dev/shm. Default: ``<out_dir>-shm``, one per run (tools/localpods.py node_places: one
+    per pod)."""
 
     def env(self) -> dict[str, str]:
         out = self.out_dir
@@ -61,7 +64,7 @@ class LocalPlaces:
             "LOCAL_CHECKPOINT_DIR": str(self.local_ckpt_dir or out.parent / f"{out.name}-local"),
             # The pod's memory-backed /dev/shm on the cluster; one folder per run here, so runs never
             # see each other's snapshots.
-            "SNAPSHOT_DIR": str(out.parent / f"{out.name}-shm"),
+            "SNAPSHOT_DIR": str(self.snapshot_dir or out.parent / f"{out.name}-shm"),
         }
 
 

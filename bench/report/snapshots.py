@@ -130,9 +130,12 @@ def snapshots_section(snap: dict[str, Any], stall: dict[str, Any] | None = None)
     if faults:
         text += [
             "Steps recomputed per fault with a snapshot after every step (bench.recovery's runs, "
-            "`--snapshot-interval=1`; 2 CPU ranks, fault at step 8 of 14). *steps recomputed*: completed "
-            "steps done again after the restore (the step in flight when the fault hit is lost as well, "
-            "and is not counted); *restored from*: the restore event's source. The planner reads these "
+            "`--snapshot-interval=1`; 2 CPU ranks, fault at step 8 of 14; `node-loss/peer`: "
+            "bench.recovery_pods' 2 pods x 1 rank and a hot spare, snapshots replicated to the other pod, "
+            "pod 1 lost at step 6 of 14, its MTTR includes the spare's rendezvous). *steps recomputed*: "
+            "completed steps done again after the restore (the step in flight when the fault hit is lost "
+            "as well, and is not counted); *restored from*: the restore event's source (a node loss: the "
+            "lost node's ranks'; the survivor restores from its own /dev/shm). The planner reads these "
             "(`python -m goodput --rollback-from bench/results/snapshot.json`).",
             "",
             md_table(["scenario", "ok", "restored from", "steps recomputed", "MTTR"], _fault_rows(faults)),

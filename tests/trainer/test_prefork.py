@@ -35,6 +35,10 @@ if mode == "report":
     }), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
     sys.exit(7)
+if mode == "lose":  # the node-loss fault: kill this worker's launcher agent with its whole group
+    os.environ["TORCHELASTIC_RUN_ID"] = "probe"
+    from trainer.faults import _lose_node
+    _lose_node()
 if mode == "term":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
 print(os.getpid(), flush=True)
@@ -192,3 +196,16 @@ def test_the_wrapper_refuses_a_missing_command() -> None:
         timeout=60,
     )
     assert proc.returncode == 127 and "no-such-launcher-here: command not found" in proc.stderr
+
+
+def test_the_node_loss_fault_kills_the_launcher_not_the_zygote(zygote: dict[str, str], workdir: Path) -> None:
+    # A stand-in for the launcher agent: a shell leading its own process group, starting the worker the
+    # way ft_launcher does. A forked worker's parent is the zygote; the fault must go for the agent.
+    agent = subprocess.Popen(
+        ["sh", "-c", f'"{sys.executable}" -c "{CLIENT}" lose; sleep 60'],
+        env=zygote,
+        cwd=workdir,
+        start_new_session=True,
+    )
+    assert agent.wait(timeout=60) == -signal.SIGKILL, "the agent's process group is what a lost node loses"
+    assert _alive(int(zygote[PID_ENV])), "the zygote (another pod's, in a real job) must survive"

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT as REPO
 from tests.conftest import free_port
-from tools.localpods import LocalJob, PodSpec
+from tools.localpods import LocalJob, node_places, node_pod_spec
 from tools.podcommand import LocalPlaces, pod_argv
 from trainer.resilience.heartbeat import RANK_MONITOR_SOCKET_ENV, Heartbeat
 
@@ -202,7 +202,7 @@ TIMEOUTS = {
 JOB_TIMEOUT_S = 240.0
 
 
-def _pod_argv(port: int, nnodes: int, nproc: int, out: Path, data: Path, extra: list[str]) -> list[str]:
+def _pod_argv(places: LocalPlaces, nnodes: int, nproc: int, extra: list[str]) -> list[str]:
     """The pod command as the chart renders it (tools/podcommand.py), with these values, then `extra`."""
     t = TIMEOUTS
     values = {
@@ -231,7 +231,7 @@ def _pod_argv(port: int, nnodes: int, nproc: int, out: Path, data: Path, extra: 
         "inprocessLivenessTimeout": min(10, t["hard"]),  # must not exceed the hard timeout
         "snapshotInterval": 0,  # these tests assert recovery from the durable checkpoint
     }
-    return [*pod_argv(values, LocalPlaces(port, data, out)), *extra]
+    return [*pod_argv(values, places), *extra]
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +247,11 @@ def _job(tmp_path: Path, data: Path, *, nnodes: int, nproc: int, extra: list[str
     port = free_port()
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    specs = [
-        PodSpec(f"pod-{i}", _pod_argv(port, nnodes, nproc, out, data, extra), env, tmp_path / f"pod-{i}.log")
-        for i in range(nnodes)
-    ]
+    specs = []
+    for i in range(nnodes):  # each pod on a node of its own: its own NVMe and /dev/shm folders
+        places = node_places(LocalPlaces(port, data, out), i)
+        argv = _pod_argv(places, nnodes, nproc, extra)
+        specs.append(node_pod_spec(f"pod-{i}", argv, env, tmp_path / f"pod-{i}.log", places))
     return LocalJob(specs, host_port=port, **kw)
 
 
