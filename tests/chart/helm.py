@@ -84,6 +84,7 @@ def rendered_trainer_config(tmp_path: Path, values: dict[str, Any]) -> Any:
     """The TrainConfig the trainer parses from the chart's rendered command (with a tiny token file)."""
     import numpy as np
 
+    from tools.podcommand import launcher_argv
     from tools.podspec import expand
     from trainer.config import config_from_args
 
@@ -91,5 +92,5 @@ def rendered_trainer_config(tmp_path: Path, values: dict[str, Any]) -> Any:
     np.save(data, np.zeros(4096, dtype=np.uint16))
     container = trainer_container(render({**values, "dataPath": str(data), "device": "cpu"}))
     env = env_of(container)
-    argv = [expand(a, env) for a in container["command"] + container["args"]]
+    argv = launcher_argv([expand(a, env) for a in container["command"] + container["args"]])
     return config_from_args(argv[argv.index("-m") + 2 :], env={})

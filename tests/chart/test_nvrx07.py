@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.chart.helm import by_kind, env_of, rejection, render, trainer_container
+from tools.podcommand import launcher_argv
 from tools.podspec import expand
 
 
@@ -17,7 +18,7 @@ def _launcher(values: dict[str, Any] | None = None) -> tuple[Any, Any, dict[str,
 
     container = trainer_container(render(values))
     env = env_of(container)
-    argv = [expand(a, env) for a in container["args"]]
+    argv = launcher_argv([expand(a, env) for a in container["command"] + container["args"]])[1:]
     args = launcher.get_args_parser().parse_args(argv)
     config, _cmd, _cmd_args = launcher.config_from_args(args)
     return args, config, env

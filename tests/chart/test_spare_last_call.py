@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.chart.helm import env_of, rejection, render, trainer_container
+from tools.podcommand import launcher_argv
 from tools.podspec import expand
 
 
@@ -18,7 +19,8 @@ def _last_call(values: dict[str, Any] | None = None) -> timedelta:
 
     container = trainer_container(render(values))
     env = env_of(container)
-    args = launcher.get_args_parser().parse_args([expand(a, env) for a in container["args"]])
+    argv = launcher_argv([expand(a, env) for a in container["command"] + container["args"]])[1:]
+    args = launcher.get_args_parser().parse_args(argv)
     config, _cmd, _cmd_args = launcher.config_from_args(args)
     params = RendezvousParameters("c10d", "127.0.0.1:1", "run", 2, 3, **config.rdzv_configs)
     timeout = ft_rendezvous_barrier._get_timeout(params, "last_call")
