@@ -69,6 +69,8 @@ class PodsScenario:
     inprocess: bool = True
     snapshots: bool = False
     """Snapshots every step, replicated to the next node (the chart's defaults); else none."""
+    steps: int = 0
+    """Steps of the run; 0: PodsConfig.steps."""
 
 
 SCENARIOS: dict[str, PodsScenario] = {
@@ -91,8 +93,12 @@ SCENARIOS: dict[str, PodsScenario] = {
             2,
             1,
             1,
-            ("node-loss:step=4:node=1", "node-loss:step=10:node=1"),
+            # The second loss must come after the first one's replacement stands by as the new spare
+            # (10 s replace delay, then ~10 s for its launcher to start): with warm worker starts steps
+            # 4 -> 10 took 19 s and 4 -> 16 22 s, and the replacement joined the round as an active node.
+            ("node-loss:step=4:node=1", "node-loss:step=24:node=1"),
             "kill-joining-spare",
+            steps=28,
         ),
         PodsScenario(
             "compound/monitors-then-rank",
@@ -131,7 +137,7 @@ def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
         "preset": "tiny",
         "seqLen": 32,
         "microBatchSize": 2,
-        "steps": cfg.steps,
+        "steps": sc.steps or cfg.steps,
         "seed": 0,
         "ckptInterval": cfg.ckpt_interval,
         "ckptKeep": 3,

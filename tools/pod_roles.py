@@ -22,6 +22,10 @@ _STANDBY = re.compile(_STAMP + r".*\] Standby \(rank=(\d+)\) for round (\d+)")
 # A launcher that arrives after the round closed waits for the next one: a standby too (rank unknown).
 _LATE = re.compile(_STAMP + r".*\] Round (\d+) closed \(training in progress\), waiting for next round")
 _ATTEMPT = re.compile(_STAMP + r".*The node '[^']*' attempts to join the next round of the rendezvous")
+# A launcher that just started (a new pod, or a lost pod's replacement): between rounds until one admits
+# it. NVRx 0.7 logs nothing more for a standby until the next round opens, so without this line a
+# replacement that stands by silently would keep the role its lost predecessor had (active).
+_STARTED = re.compile(_STAMP + r".* Using nproc_per_node=\d+")
 
 
 SPARE_ROLES = ("standby", "waiting")
@@ -56,7 +60,7 @@ def role_changes(log_dir: Path) -> list[RoleChange]:
                 changes.append(RoleChange(pod, _unix(m[1]), "standby", int(m[2])))
             elif m := _LATE.match(line):
                 changes.append(RoleChange(pod, _unix(m[1]), "standby", -1))
-            elif m := _ATTEMPT.match(line):
+            elif (m := _ATTEMPT.match(line)) or (m := _STARTED.match(line)):
                 changes.append(RoleChange(pod, _unix(m[1]), "waiting", -1))
     return sorted(changes, key=lambda c: c.t)
 

@@ -88,3 +88,26 @@ def test_no_takeover_when_the_survivors_waited_for_the_replacement(tmp_path: Pat
         + _line("05:00:40,000", joined.format(2, 1))
     )
     assert takeover_after(role_changes(tmp_path), datetime(2026, 11, 30, 5, 0, 20).timestamp()) is None
+
+
+def test_a_replacement_that_stands_by_silently_is_a_spare_from_its_launchers_start(tmp_path: Path) -> None:
+    # NVRx 0.7 logs nothing for a standby until the next round opens: the replacement of pod 1 (lost at
+    # 05:00:20) started at 05:00:30 and is a spare from then on, so after pod 2 is lost at 05:00:50 it
+    # is the spare that took over, not "pod 1 again".
+    joined = "The node 'n{}' has joined the rendezvous 'trainer' as rank {} in a world of size 2."
+    started = "[INFO] [vm] [workload:?(?) infra:?(?)] launcher.py:2754 Using nproc_per_node=1."
+    (tmp_path / "pod-0.log").write_text(_line("05:00:00,000", joined.format(0, 0)))
+    (tmp_path / "pod-1.log").write_text(
+        _line("05:00:00,000", joined.format(1, 1))
+        + f"2026-11-30 05:00:30,000 {started}\n"
+        + _line("05:00:52,000", joined.format(3, 1))
+    )
+    (tmp_path / "pod-2.log").write_text(_line("05:00:22,000", joined.format(2, 1)))
+    changes = role_changes(tmp_path)
+    took = takeover_after(changes, datetime(2026, 11, 30, 5, 0, 50).timestamp())
+    assert took is not None and (took.spare, took.rank) == ("pod-1", 1)
+    # Without the start line the replacement kept its lost predecessor's role, and nothing took over.
+    (tmp_path / "pod-1.log").write_text(
+        _line("05:00:00,000", joined.format(1, 1)) + _line("05:00:52,000", joined.format(3, 1))
+    )
+    assert takeover_after(role_changes(tmp_path), datetime(2026, 11, 30, 5, 0, 50).timestamp()) is None
