@@ -73,7 +73,9 @@ def error_line_safe(text: str) -> str:
 
 
 if __name__ == "__main__":
-    if os.environ.get("TRAINER_PREFORK_SOCKET"):  # trainer.prefork.SOCKET_ENV: a warm start
+    from trainer.prefork import SOCKET_ENV  # light: the worker's own imports come after
+
+    if os.environ.get(SOCKET_ENV):  # a warm start: the pod's zygote forks the worker
         from trainer.prefork.client import run_forked
 
         forked = run_forked("trainer", sys.argv[1:])
