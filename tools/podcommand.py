@@ -98,9 +98,9 @@ def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
     argv = trainer.resolved_argv(places.env())
     if "$(" in " ".join(argv):
         raise RenderError(f"unexpanded $(VAR) left in the pod command: {argv}")
-    prefix: list[str] = []
-    if argv[:3] == ["python", "-m", "trainer.prefork"]:  # preforkWorkers: the wrapper, then the launcher
-        prefix, argv = [sys.executable, "-m", "trainer.prefork"], argv[3:]
+    rest = launcher_argv(argv)  # preforkWorkers: the wrapper (this venv's python) before the launcher
+    prefix = [sys.executable, *argv[1 : len(argv) - len(rest)]] if len(rest) < len(argv) else []
+    argv = rest
     launcher = VENV_BIN / argv[0]
     return [*prefix, str(launcher) if launcher.is_file() else argv[0], *argv[1:]]
 
