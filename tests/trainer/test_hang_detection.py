@@ -62,7 +62,9 @@ def test_hang_is_caught_after_the_calculated_timeout(
 
     # ft_launcher's rank monitors fired with the calculated timeout, not the static 60 s ...
     fired = re.findall(r"^(.*)Did not get subsequent heartbeat\. Waited ([0-9.]+) seconds", text, re.M)
-    assert len(fired) >= 2, log_tail(log)  # one per rank monitor (a second check may log again)
+    # At least one rank monitor fires; the first to fire makes the launcher stop every worker, so the
+    # other rank's monitor (its timeout a few ms longer) may never get to log.
+    assert fired, log_tail(log)
     waited = [float(w) for _, w in fired]
     assert all(any(abs(w - c) < 0.01 for c in calculated.values()) for w in waited), (waited, calculated)
     # ... a few seconds after the hang began (the timeout plus at most one check interval, and load).
