@@ -1,5 +1,8 @@
 """`python -m trainer.prefork COMMAND...`: start the pod's zygote, then exec COMMAND (ft_launcher).
 
+ft_launcher is exec'd as `python -m trainer.resilience.launch <its path> ...`: NVRx's launcher in the
+same process, with the launcher-side workaround of trainer/resilience/compat.py applied.
+
 The exec keeps COMMAND the container's main process (signals from the kubelet reach it as before); the
 zygote is its child and dies with it. The zygote's socket lives in a fresh 0700 directory under the
 temporary dir (the pod's /tmp scratch volume), named to COMMAND and its workers by the environment.
@@ -21,7 +24,8 @@ def main(argv: list[str]) -> int:
     if not command:
         print("usage: python -m trainer.prefork [--] COMMAND [ARG...]", file=sys.stderr)
         return 2
-    if shutil.which(command[0]) is None:
+    found = shutil.which(command[0])
+    if found is None:
         print(f"prefork: {command[0]}: command not found", file=sys.stderr)
         return 127
     path = os.path.join(tempfile.mkdtemp(prefix="trainer-prefork-"), "zygote.sock")
@@ -31,6 +35,9 @@ def main(argv: list[str]) -> int:
     )
     os.environ[SOCKET_ENV] = path
     os.environ[PID_ENV] = str(zygote.pid)
+    if os.path.basename(command[0]) == "ft_launcher":
+        # NVRx's launcher with the launcher-side workaround of trainer/resilience/compat.py (launch.py).
+        os.execv(sys.executable, [sys.executable, "-m", "trainer.resilience.launch", found, *command[1:]])
     os.execvp(command[0], command)
     return 127  # pragma: no cover - execvp returns only by raising
 

@@ -259,3 +259,40 @@ def set_heartbeat_timeouts(
 def initial_heartbeat_timeout(client: Any) -> float | None:
     """The rank monitor's initial heartbeat timeout as a connected client received it (None: off)."""
     return getattr(getattr(client, "cfg", None), "initial_rank_heartbeat_timeout", None)
+
+
+# --------------------------------------------------------------------------------- ft_launcher's restarts
+# NVRx 0.7's launcher, stopping a worker group before each restart round, calls
+# `fault_tolerance.utils.terminate_mp_processes(pgids)`: SIGTERM to every worker process group, then a
+# fixed 1.0 s sleep, then SIGKILL. It sleeps even when every group is already gone (the usual case: the
+# workers exited or were reaped before), which was 1 s of every tier-2 recovery, a fifth of the demo's
+# node loss (docs/nvrx-restart-sleeps.md). `skip_idle_group_grace` runs it only when a group is left.
+
+
+def _process_group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's: let NVRx decide
+        return True
+    return True
+
+
+def skip_idle_group_grace(launcher_module: Any) -> bool:
+    """Wrap the launcher module's `terminate_mp_processes` so that it returns at once when none of the
+    worker process groups exists any more; otherwise NVRx's own (SIGTERM, 1 s, SIGKILL). Returns whether
+    the installed NVRx has the function (False: nothing patched, the launcher runs as shipped)."""
+    original = getattr(launcher_module, "terminate_mp_processes", None)
+    if original is None or getattr(original, "_skips_idle_grace", False):
+        return original is not None
+
+    @functools.wraps(original)
+    def terminate_if_any_left(allowed_pgids: Any) -> Any:
+        if not any(_process_group_exists(int(g)) for g in allowed_pgids):
+            return None
+        return original(allowed_pgids)
+
+    terminate_if_any_left._skips_idle_grace = True  # type: ignore[attr-defined]
+    launcher_module.terminate_mp_processes = terminate_if_any_left
+    return True

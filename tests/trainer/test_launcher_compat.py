@@ -1,0 +1,104 @@
+"""The launcher-side workaround (trainer/resilience/compat.py: skip_idle_group_grace) on the installed
+NVRx, and the pod command's way into it (trainer/prefork/__main__.py -> trainer/resilience/launch.py).
+
+NVRx 0.7's `terminate_mp_processes` sleeps 1 s after signalling the worker process groups even when none
+is left (docs/nvrx-restart-sleeps.md). Here its sleep is recorded instead of slept, so each test shows
+whether NVRx's grace period would have run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from trainer.resilience.compat import skip_idle_group_grace
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def launcher(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, list[float]]:
+    """NVRx's launcher module with the workaround applied (undone after the test) and its utils' sleeps
+    recorded instead of slept."""
+    from nvidia_resiliency_ext.fault_tolerance import launcher as module
+    from nvidia_resiliency_ext.fault_tolerance import utils
+
+    slept: list[float] = []
+    monkeypatch.setattr(utils.time, "sleep", slept.append)
+    monkeypatch.setattr(module, "terminate_mp_processes", module.terminate_mp_processes)
+    assert skip_idle_group_grace(module)  # the installed NVRx has the function it wraps
+    return module, slept
+
+
+def _gone_group() -> int:
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+    return proc.pid  # its own session: the group id is its pid, and nothing is left in it
+
+
+def test_no_grace_period_when_every_worker_group_is_gone(
+    launcher: tuple[types.ModuleType, list[float]],
+) -> None:
+    module, slept = launcher
+    module.terminate_mp_processes(allowed_pgids={_gone_group(), _gone_group()})
+    assert slept == []
+
+
+def test_a_group_still_there_gets_nvrx_own_sigterm_grace_and_sigkill(
+    launcher: tuple[types.ModuleType, list[float]],
+) -> None:
+    module, slept = launcher
+    ignore_sigterm = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print(1, flush=True); time.sleep(60)"
+    )
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", ignore_sigterm], start_new_session=True, stdout=subprocess.PIPE
+    )
+    assert stubborn.stdout is not None and stubborn.stdout.readline()  # its SIGTERM handler is in place
+    try:
+        module.terminate_mp_processes(allowed_pgids={_gone_group(), stubborn.pid})
+        assert slept == [1.0]  # NVRx's grace period ran: a group was left
+        assert stubborn.wait(timeout=10) == -signal.SIGKILL  # ignored SIGTERM, then NVRx's SIGKILL
+    finally:
+        if stubborn.poll() is None:
+            os.killpg(stubborn.pid, signal.SIGKILL)
+
+
+def test_patching_twice_wraps_once(launcher: tuple[types.ModuleType, list[float]]) -> None:
+    module, _ = launcher
+    first = module.terminate_mp_processes
+    assert skip_idle_group_grace(module)
+    assert module.terminate_mp_processes is first
+
+
+def test_an_nvrx_without_the_function_runs_as_shipped() -> None:
+    assert not skip_idle_group_grace(types.ModuleType("launcher_without_it"))
+
+
+def test_the_prefork_wrapper_runs_ft_launcher_through_the_workaround(tmp_path: Path) -> None:
+    """`python -m trainer.prefork ft_launcher --help` with a stand-in `ft_launcher` script first on PATH:
+    exec'd directly it would print its marker; through trainer.resilience.launch, NVRx's own main runs
+    (its usage), with the script's path as argv[0] (the usage names ft_launcher)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "ft_launcher"
+    script.write_text(f"#!{sys.executable}\nprint('STAND-IN SCRIPT')\n")
+    script.chmod(0o755)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer.prefork", "ft_launcher", "--help"],
+        cwd=REPO,
+        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "STAND-IN SCRIPT" not in out.stdout
+    assert out.stdout.startswith("usage: ft_launcher") and "--ft-" in out.stdout, out.stdout[:500]
