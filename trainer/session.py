@@ -16,15 +16,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.config import TrainConfig
 from trainer.data import BatchCursor, TokenDataset
 from trainer.faults import FaultInjector
 from trainer.metrics import EventLog
-from trainer.model import ModelConfig, build_model
+from trainer.model import build_model
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +64,6 @@ class TrainerState(Stateful):
         self.step = int(state["step"])
         self.cursor.load_state_dict(state["data"])
         torch.set_rng_state(state["rng"])
-
-
-def build_model_and_optimizer(
-    model_cfg: ModelConfig, mesh: DeviceMesh, device: torch.device, seed: int, lr: float
-) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The FSDP2 model and its optimizer, as every (re)start builds them (and the prefork zygote's
-    warm-up, trainer/prefork/warmup.py, which must build exactly these to warm the same code paths)."""
-    model = build_model(model_cfg, mesh=mesh, device=device, seed=seed)
-    return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
 def select_device(cfg: TrainConfig, local_rank: int) -> torch.device:
@@ -126,7 +116,8 @@ class Session:
             device_id=device if device.type == "cuda" else None,
         )
         self.mesh = init_device_mesh(device.type, (proc.world_size,))
-        self.model, self.optim = build_model_and_optimizer(cfg.model, self.mesh, device, cfg.seed, cfg.lr)
+        self.model = build_model(cfg.model, mesh=self.mesh, device=device, seed=cfg.seed)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
         cursor = BatchCursor(
             TokenDataset(cfg.data_path),
             cfg.seq_len,

@@ -5,9 +5,7 @@ whole worker group, survivors included), and a fresh `python -m trainer` spends 
 FSDP, DCP and NVRx before it can rejoin, more when a pod's ranks import at once on shared cores. Measured
 on the demo's node loss that import was the largest phase of the recovery. A process that has already
 imported everything and forks a child per worker start skips it: the child begins with the modules
-loaded and only builds the process group, the model and restores. Before serving, the zygote also
-builds the run's model once under a fake process group (warmup.py), so a forked worker skips DTensor's
-first-use setup too (building the model 1.0-1.4 s -> 0.1-0.2 s in a quiet process).
+loaded and only builds the process group, the model and restores.
 
 How it fits (Contract 2 of docs/design.md): the container runs `python -m trainer.prefork ft_launcher
 ...`. That wrapper starts the zygote (`server.py`) and then execs ft_launcher, so the launcher is the

@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         return 127
     path = os.path.join(tempfile.mkdtemp(prefix="trainer-prefork-"), "zygote.sock")
     zygote = subprocess.Popen(
-        [sys.executable, "-m", "trainer.prefork.server", path, str(os.getpid()), *command],
+        [sys.executable, "-m", "trainer.prefork.server", path, str(os.getpid())],
         stdin=subprocess.DEVNULL,
     )
     os.environ[SOCKET_ENV] = path

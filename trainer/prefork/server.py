@@ -1,10 +1,10 @@
 """The zygote: import the trainer once, then fork one worker per request (see trainer/prefork/__init__).
 
-`python -m trainer.prefork.server SOCKET PARENT_PID [COMMAND...]` imports PRELOAD, warms up for the pod
-command COMMAND (warmup.py), binds SOCKET (mode 0600, in a 0700 directory the wrapper made) and serves
-until its parent (ft_launcher) dies. It stays single-threaded, so a fork copies no lock held by another
-thread; each child drops everything of the server, takes the client's stdio, environment, working
-directory and argv, and runs the module as `python -m` would.
+`python -m trainer.prefork.server SOCKET PARENT_PID` imports PRELOAD, binds SOCKET (mode 0600, in a
+0700 directory the wrapper made) and serves until its parent (ft_launcher) dies. It stays
+single-threaded, so a fork copies no lock held by another thread; each child drops everything of the
+server, takes the client's stdio, environment, working directory and argv, and runs the module as
+`python -m` would.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 import trainer.prefork
-from trainer.prefork import PID_ENV, SOCKET_ENV, warmup, wire
+from trainer.prefork import PID_ENV, SOCKET_ENV, wire
 
 PRELOAD = (
     # The worker's entry point (sets TORCH_CPP_LOG_LEVEL before torch loads) and everything the run
@@ -61,26 +61,9 @@ def preload() -> list[str]:
             importlib.import_module(name)
         except Exception as exc:  # e.g. NVRx absent: the trainer then says why itself
             failed.append(f"{name} ({type(exc).__name__}: {exc})")
+    gc.collect()
+    gc.freeze()  # what the children share stays out of their collections (and unwritten: shared pages)
     return failed
-
-
-def warm_up(command: list[str]) -> str:
-    """Run the warm-up for the pod command (trainer/prefork/warmup.py); a line saying what it did."""
-    plan = warmup.plan_from_command(command)
-    if isinstance(plan, str):
-        return f"no warm-up: {plan}"
-    threads = warmup.os_threads()
-    try:
-        took = warmup.run(plan)
-    except Exception as exc:  # the workers then warm themselves, as without a zygote
-        return f"warm-up failed ({plan.describe()}): {type(exc).__name__}: {str(exc)[:300]}"
-    if warmup.os_threads() > threads:
-        raise _StartedThreads(f"the warm-up left {warmup.os_threads() - threads} more OS threads")
-    return f"warmed up in {took:.1f} s ({plan.describe()})"
-
-
-class _StartedThreads(RuntimeError):
-    """A fork would copy threads that are not there in the child: serve cold instead."""
 
 
 class Zygote:
@@ -215,8 +198,6 @@ def run_module(request: dict[str, Any]) -> int:
         import torch
 
         torch.set_num_threads(int(threads))
-    else:
-        warmup.restore_threads()  # the zygote's own count, from before its single-threaded warm-up
     spec = importlib.util.find_spec(module)
     sys.argv = [spec.origin if spec and spec.origin else module, *argv]
     sys.path[0] = cwd  # `python -m` puts the working directory first
@@ -268,10 +249,10 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or not argv[1].isdigit():
-        print("usage: python -m trainer.prefork.server SOCKET PARENT_PID [COMMAND...]", file=sys.stderr)
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m trainer.prefork.server SOCKET PARENT_PID", file=sys.stderr)
         return 2
-    path, parent_pid, command = argv[0], int(argv[1]), argv[2:]
+    path, parent_pid = argv[0], int(argv[1])
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         return 0
@@ -279,14 +260,6 @@ def main(argv: list[str]) -> int:
     failed = preload()
     for line in failed:
         print(f"prefork: not preloaded: {line}", file=sys.stderr, flush=True)
-    if command:  # the pod command: what the warm-up builds
-        try:
-            print(f"prefork: {warm_up(command)}", file=sys.stderr, flush=True)
-        except _StartedThreads as exc:
-            print(f"prefork: {exc}; serving without a warm-up", file=sys.stderr, flush=True)
-            os.execv(sys.executable, [sys.executable, "-m", "trainer.prefork.server", path, str(parent_pid)])
-    gc.collect()
-    gc.freeze()  # what the children share stays out of their collections (and unwritten: shared pages)
     zygote = Zygote(path, parent_pid)
     zygote.bind()
     print(f"prefork: zygote ready in {time.perf_counter() - t0:.1f} s ({path})", file=sys.stderr, flush=True)
