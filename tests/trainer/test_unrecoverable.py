@@ -106,9 +106,18 @@ def test_deterministic_exception_is_given_up_after_n_cycles(token_file: Path, tm
         "(every attempt) at step 4, 3 times in a row" in text
     ), log_tail(log)
     evs = read_events(out)
-    assert len(of(evs, "fault_injected", fault="repeat-exception")) == 3
-    assert starts_per_rank(out)[1] == 3  # the first start and two in-process restarts, then no more
-    assert len(of(evs, "fault_detected", tier=1, rank=1)) == 2
+    # Given up on the third identical failure in a row. Another failure in between (on a loaded machine a
+    # collective timeout while a rank is slow to save) breaks the streak, and counting starts again.
+    streak = 0
+    for e in sorted((e for e in evs if e["rank"] == 1), key=lambda e: float(e["t"])):
+        if e["ev"] == "fault_injected" and e["fault"] == "repeat-exception":
+            streak += 1
+        elif e["ev"] == "fault_detected" and not e.get("reason", "").startswith("InjectedFault"):
+            streak = 0
+    assert streak == 3, [(e["ev"], e.get("reason", e.get("fault"))) for e in evs if e["rank"] == 1]
+    caught = of(evs, "fault_detected", tier=1, rank=1)
+    # One in-process restart per failure caught, and none after the third injected one.
+    assert starts_per_rank(out)[1] == 1 + len(caught)
 
 
 def test_transient_fault_is_still_recovered(token_file: Path, tmp_path: Path) -> None:
