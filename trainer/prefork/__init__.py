@@ -18,8 +18,9 @@ the worker dies with it. Without the zygote (not started, or dead) the worker st
 
 The zygote only imports; it runs no DTensor code before forking. A warm-up that built the model once
 under a fake process group was tried and dropped: with the imports preloaded it saved 0.05 s per worker,
-and on a mesh equal to the workers' it was wrong (DTensor's caches are keyed by the mesh and keep the
-filling rank's shard offsets, so a worker of rank 2 wrote rank 0's offsets into its checkpoint plan).
+and on a mesh equal to the workers' it was wrong: the workers' first checkpoint failed DCP's plan
+validation (the ranks' shards did not cover the tensors). DTensor caches state per mesh, and what the
+zygote cached evidently kept rank 0's view.
 """
 
 from __future__ import annotations
