@@ -265,8 +265,8 @@ def initial_heartbeat_timeout(client: Any) -> float | None:
 # NVRx 0.7's launcher, stopping a worker group before each restart round, calls
 # `fault_tolerance.utils.terminate_mp_processes(pgids)`: SIGTERM to every worker process group, then a
 # fixed 1.0 s sleep, then SIGKILL. It sleeps even when every group is already gone (the usual case: the
-# workers exited or were reaped before), which was 1 s of every tier-2 recovery, a fifth of the demo's
-# node loss (docs/nvrx-restart-sleeps.md). `skip_idle_group_grace` runs it only when a group is left.
+# workers exited or were reaped before), which was 1 s of every tier-2 recovery (of the demo's 7.3 s
+# node loss; docs/nvrx-restart-sleeps.md). `skip_idle_group_grace` runs it only when a group is left.
 
 
 def _process_group_exists(pgid: int) -> bool:
