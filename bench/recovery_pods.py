@@ -20,6 +20,10 @@ compound/rank-during-restart    a rank SIGKILLed, then another one; while ft_lau
 compound/spare-during-join      node 1 lost (the spare takes over, the lost pod's replacement
                                 becomes the new spare); node 1 lost again and the new spare is
                                 lost too, right after the round admitted it
+compound/spare-during-join/2-spares
+                                the same with two hot spares: the survivors see the lost spare's
+                                launcher stop beating (trainer/resilience/liveness.py), and the
+                                second spare takes over without waiting for a replacement pod
 compound/monitors-then-rank     ft_launcher's rank monitors killed, then a rank SIGKILLed
 ==============================  ================================================================
 
@@ -96,6 +100,15 @@ SCENARIOS: dict[str, PodsScenario] = {
             # The second loss must come after the first one's replacement stands by as the new spare
             # (10 s replace delay, then ~10 s for its launcher to start): with warm worker starts steps
             # 4 -> 10 took 19 s and 4 -> 16 22 s, and the replacement joined the round as an active node.
+            ("node-loss:step=4:node=1", "node-loss:step=24:node=1"),
+            "kill-joining-spare",
+            steps=28,
+        ),
+        PodsScenario(
+            "compound/spare-during-join/2-spares",
+            2,
+            2,
+            1,
             ("node-loss:step=4:node=1", "node-loss:step=24:node=1"),
             "kill-joining-spare",
             steps=28,

@@ -13,6 +13,7 @@ BESIDE = {
     "node-loss/no-spare": "sigkill/tier2",
     "compound/rank-during-restart": "sigkill/tier2",
     "compound/spare-during-join": "sigkill/tier2",
+    "compound/spare-during-join/2-spares": "sigkill/tier2",
     "compound/monitors-then-rank": "sigkill/tier2",
 }
 

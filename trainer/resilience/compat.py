@@ -296,3 +296,25 @@ def skip_idle_group_grace(launcher_module: Any) -> bool:
     terminate_if_any_left._skips_idle_grace = True  # type: ignore[attr-defined]
     launcher_module.terminate_mp_processes = terminate_if_any_left
     return True
+
+
+def beat_after_rendezvous(launcher_module: Any, beat: Any) -> bool:
+    """Wrap the launcher agent's `_rendezvous` so that `beat` (trainer/resilience/liveness.py:
+    LauncherBeat) pauses while this node is in a rendezvous and serves (cycle, group rank) once a round
+    made it active; a hot spare stays inside NVRx's rendezvous until then. Returns whether the installed
+    NVRx has the agent method (False: nothing patched, no beats, workers wait as NVRx ships it)."""
+    agent = getattr(launcher_module, "LocalElasticAgent", None)
+    original = getattr(agent, "_rendezvous", None)
+    if original is None or getattr(original, "_beats", False):
+        return original is not None
+
+    @functools.wraps(original)
+    def rendezvous_then_beat(self: Any, worker_group: Any) -> Any:
+        beat.pause()
+        result = original(self, worker_group)
+        beat.serve(int(self._rdzv_handler.round()), int(worker_group.group_rank))
+        return result
+
+    rendezvous_then_beat._beats = True  # type: ignore[attr-defined]
+    agent._rendezvous = rendezvous_then_beat
+    return True

@@ -21,8 +21,12 @@ What this module adds to a plain Wrapper, and why:
 * A store that works around an NVRx bug (0.4.1 and 0.7.0; docs/nvrx-bug-initial-ranks.md): the monitor
   process of a rank that sees a peer vanish writes the peer's initial rank into the termination barrier
   as bytes (`b'1'`), after which every survivor's `CallWrapper.shutdown` fails to parse it, never stops
-  its (non-daemon) progress watchdog and hangs at exit until the hard timeout. `IntRanksTCPStore` turns
+  its (non-daemon) progress watchdog and hangs at exit until the hard timeout. `WrapperStore` turns
   the ranks back into ints; it is inert once NVRx passes ints.
+* An initial barrier that does not wait for a node that is gone: `WrapperStore` watches the launchers'
+  node beats (trainer/resilience/liveness.py) while it waits, and a node of the round lost before its
+  workers came (a hot spare killed while it joins) makes it raise `NodeLost` within the liveness timeout
+  instead of the barrier timeout; the worker then leaves to tier 2 like a rank that saw a peer die.
 
 Only APIs present in both NVRx 0.4.1 and 0.7.x are used: Wrapper(store_factory, store_kwargs, abort,
 health_check, rank_assignment, the interval/timeout keywords), CallWrapper.ping/iteration, Abort,
@@ -38,6 +42,7 @@ import logging
 import os
 from collections.abc import Callable
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -52,6 +57,7 @@ from nvidia_resiliency_ext.inprocess.state import Mode
 from nvidia_resiliency_ext.inprocess.store import TCPStore
 
 from trainer.errors import UnrecoverableError
+from trainer.resilience.liveness import NodeLost, RoundWatch
 from trainer.resilience.timeouts import Ports, Timeouts
 from trainer.verdict import RepeatGuard
 
@@ -125,37 +131,72 @@ class CpuSafeHealthCheck(HealthCheck):
         return state
 
 
-class IntRanksTCPStore(TCPStore):
-    """NVRx's TCPStore whose termination barrier takes ranks as ints even when NVRx passes bytes.
+LIVENESS_POLL_S = 1.0
+"""How often a worker in the initial barrier looks at its round's node beats (trainer/resilience/liveness)."""
 
-    `SiblingMonitor.terminate_unresponsive_ranks` passes `store.get_initial_ranks(...)`, raw
-    `multi_get` values (bytes), to `termination_barrier`, which appends `str(rank)` ("b'1'") to the
-    barrier's list; every later reader's `int()` of that list raises. The monitor process builds its
-    store with this class too (it gets the Wrapper's store_factory), so the bad entry is never written.
+
+class WrapperStore(TCPStore):
+    """NVRx's TCPStore with two changes, for the worker's Wrapper and its monitor process alike (NVRx
+    builds both from the Wrapper's store_factory):
+
+    * The termination barrier takes ranks as ints even when NVRx passes bytes:
+      `SiblingMonitor.terminate_unresponsive_ranks` passes `store.get_initial_ranks(...)`, raw
+      `multi_get` values (bytes), to `termination_barrier`, which appends `str(rank)` ("b'1'") to the
+      barrier's list; every later reader's `int()` of that list raises. So the bad entry is never written.
+    * The initial barrier gives up as soon as a node of this rendezvous round stops beating
+      (trainer/resilience/liveness.py: `RoundWatch`, raising `NodeLost`) instead of waiting the whole
+      barrier timeout for ranks that will never come: it waits in LIVENESS_POLL_S chunks (NVRx's own
+      `timeout_chunk`) and looks at the beats after each. Without a launcher that beats
+      (TRAINER_LIVENESS_STORE unset) it is NVRx's barrier unchanged.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, liveness_timeout: float | None = None, **kwargs: Any) -> None:
         # The host does not wait in the constructor for every rank to connect: NVRx's initial barrier
         # right after waits for them anyway, bounded by the barrier timeout. Waiting here too, when a
         # peer never comes (a spare lost while it joins), cost a barrier timeout, then NVRx retried as a
         # client for two more (seen: 79 s with a 25 s barrier timeout instead of 26 s).
         kwargs.setdefault("wait_for_workers", False)
         super().__init__(**kwargs)
+        self.liveness_timeout = liveness_timeout
+        self.round_watch: RoundWatch | None = None
 
     def termination_barrier(self, ranks: Any, *args: Any, **kwargs: Any) -> Any:
         return super().termination_barrier([int(r) for r in ranks], *args, **kwargs)
+
+    def initial_barrier(self, *args: Any, **kwargs: Any) -> Any:
+        watch = RoundWatch.from_env(self.liveness_timeout) if self.liveness_timeout else None
+        if watch is None:
+            return super().initial_barrier(*args, **kwargs)
+        watch.check()  # the clock of a node that has not beaten yet starts here
+        kwargs["timeout_chunk"] = timedelta(seconds=LIVENESS_POLL_S)
+        self.round_watch = watch
+        try:
+            return super().initial_barrier(*args, **kwargs)
+        finally:
+            self.round_watch = None
+
+    def wait(self, keys: Any, *args: Any) -> Any:
+        """NVRx's barriers wait through this; in the initial barrier a chunk that timed out looks at the
+        round's beats before NVRx waits again."""
+        try:
+            return super().wait(keys, *args)
+        except torch.distributed.DistStoreError:
+            if self.round_watch is not None:
+                self.round_watch.check()
+            raise
 
 
 class LeaveToTier2(RestartAbort):
     """A rank was terminated: this process leaves the Wrapper so that ft_launcher restarts all workers."""
 
 
-def left_for_tier2(exc: BaseException) -> "LeaveToTier2 | None":
-    """The LeaveToTier2 that made the Wrapper return, also when NVRx chained another error onto it."""
+def left_for_tier2(exc: BaseException) -> "LeaveToTier2 | NodeLost | None":
+    """The LeaveToTier2 that made the Wrapper return (or the NodeLost that stopped its start), also when
+    NVRx chained another error onto it."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, LeaveToTier2):
+        if isinstance(current, (LeaveToTier2, NodeLost)):
             return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
@@ -208,11 +249,12 @@ def make_wrapper(timeouts: Timeouts, ports: Ports) -> inprocess.Wrapper:
     health = inprocess.Compose(CpuSafeHealthCheck(), FaultCounter(max_rank_faults=MAX_INPROCESS_RESTARTS))
     with _without_local_rank_on_cpu():
         wrapper = inprocess.Wrapper(
-            store_factory=IntRanksTCPStore,
+            store_factory=WrapperStore,
             store_kwargs={
                 "host_name": ports.host,
                 "port": ports.inprocess_port,
                 "timeout": timeouts.wrapper_kwargs()["barrier_timeout"],
+                "liveness_timeout": timeouts.liveness_timeout,
             },
             abort=DestroyGroupsAbort(),
             health_check=health,

@@ -1,6 +1,12 @@
 """`python -m trainer.resilience.launch FT_LAUNCHER [ARG...]`: NVRx's ft_launcher, in this process, with
-the one launcher-side workaround of trainer/resilience/compat.py applied (`skip_idle_group_grace`: no
-1 s sleep after stopping a worker group that has already exited).
+two launcher-side additions of trainer/resilience/compat.py:
+
+* `skip_idle_group_grace`: no 1 s sleep after stopping a worker group that has already exited;
+* `beat_after_rendezvous`: this node's liveness beat (trainer/resilience/liveness.py) in the rendezvous
+  store while it is an active node, so that the workers of a starting group notice a node of their
+  round that was lost before its workers came (a hot spare killed while it joins) within their
+  liveness timeout instead of the barrier timeout. The workers find the store through
+  TRAINER_LIVENESS_STORE, set here from `--rdzv-endpoint` before NVRx starts any of them.
 
 The prefork wrapper (trainer/prefork/__main__.py) execs this instead of the `ft_launcher` script it was
 given (Contract 2). FT_LAUNCHER stays in the process's command line, so the launcher and the rank
@@ -10,6 +16,7 @@ parses the rest exactly as the script would.
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -19,9 +26,19 @@ def main(argv: list[str]) -> int:
         return 2
     from nvidia_resiliency_ext.fault_tolerance import launcher
 
-    from trainer.resilience.compat import skip_idle_group_grace
+    from trainer.resilience.compat import beat_after_rendezvous, skip_idle_group_grace
+    from trainer.resilience.liveness import LIVENESS_STORE_ENV, LauncherBeat, parse_endpoint, rdzv_endpoint
 
     skip_idle_group_grace(launcher)
+    endpoint = rdzv_endpoint(argv[1:])
+    try:
+        if endpoint:
+            parse_endpoint(endpoint, "--rdzv-endpoint")
+    except ValueError as exc:  # e.g. a host without a port, which NVRx completes itself: no beats
+        print(f"trainer.resilience.launch: node liveness off: {exc}", file=sys.stderr)
+        endpoint = None
+    if endpoint and beat_after_rendezvous(launcher, LauncherBeat(endpoint)):
+        os.environ[LIVENESS_STORE_ENV] = endpoint
     sys.argv = list(argv)
     launcher.main()  # NVRx's main ends with sys.exit(its exit code)
     return 0  # pragma: no cover - not reached
