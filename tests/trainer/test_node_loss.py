@@ -4,7 +4,7 @@ Two local pods of one rank each run the pod command (ft_launcher ... -m trainer)
 is lost whole (SIGKILL of every process of it). The survivor's Wrapper notices the missing peer after
 its liveness timeout, leaves the Wrapper for tier 2, and its process must then exit within 2 s, so that
 its launcher restarts the workers with the replacement pod. Without the workaround for NVRx's
-`get_initial_ranks` bug (trainer/resilience/inprocess.py: IntRanksTCPStore) the survivor's
+`get_initial_ranks` bug (trainer/resilience/inprocess.py: WrapperStore) the survivor's
 `CallWrapper.shutdown` fails and the process hangs until the Wrapper's hard timeout (30 s here).
 """
 
