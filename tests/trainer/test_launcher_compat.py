@@ -102,3 +102,54 @@ def test_the_prefork_wrapper_runs_ft_launcher_through_the_workaround(tmp_path: P
     assert out.returncode == 0, out.stderr[-2000:]
     assert "STAND-IN SCRIPT" not in out.stdout
     assert out.stdout.startswith("usage: ft_launcher") and "--ft-" in out.stdout, out.stdout[:500]
+
+
+# -- Step 0 of the barrier rendezvous: NVRx's own state class on a real TCPStore, its sleeps recorded.
+
+
+@pytest.fixture
+def barrier(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, list[float]]:
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as module
+
+    slept: list[float] = []
+    monkeypatch.setattr(module.time, "sleep", slept.append)
+    state = module._RendezvousBarrierState
+    monkeypatch.setattr(state, "_wait_for_rendezvous_open", state._wait_for_rendezvous_open)
+    return module, slept
+
+
+def _round_1_opened(module: types.ModuleType) -> object:
+    """A node's rendezvous state after round 0 closed and a launcher that saw a failure opened round 1."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tools.ports import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(span=1), is_master=True, timeout=timedelta(seconds=5))
+    state = module._RendezvousBarrierState(store, "step0-test", is_store_host=True)
+    store.set(f"{state.prefix}:round_done_0", b"1")
+    state.open_rendezvous()
+    state._last_stale_check_time = 0.0  # as perform_rendezvous leaves it before Step 0
+    return state
+
+
+def test_step_0_joins_an_open_round_without_sleeping(barrier: tuple[types.ModuleType, list[float]]) -> None:
+    from trainer.resilience.compat import sync_before_round_wait
+
+    module, slept = barrier
+    assert sync_before_round_wait(module)
+    assert sync_before_round_wait(module)  # patching twice wraps once
+    state = _round_1_opened(module)
+    state._wait_for_rendezvous_open(module._NodeDesc("node", 1, 0))
+    assert state._round == 1
+    assert slept == []
+
+
+def test_nvrx_step_0_as_shipped_sleeps_a_second_first(barrier: tuple[types.ModuleType, list[float]]) -> None:
+    """What the workaround removes (fails once NVRx stops sleeping there: then drop the workaround)."""
+    module, slept = barrier
+    state = _round_1_opened(module)
+    state._wait_for_rendezvous_open(module._NodeDesc("node", 1, 0))
+    assert state._round == 1
+    assert slept == [1.0]

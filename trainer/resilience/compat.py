@@ -318,3 +318,29 @@ def beat_after_rendezvous(launcher_module: Any, beat: Any) -> bool:
     rendezvous_then_beat._beats = True  # type: ignore[attr-defined]
     agent._rendezvous = rendezvous_then_beat
     return True
+
+
+def sync_before_round_wait(barrier_module: Any) -> bool:
+    """Wrap the barrier rendezvous' Step 0 (`_RendezvousBarrierState._wait_for_rendezvous_open`) so that
+    it first catches up with the rounds opened since this node's last one, then waits as NVRx does.
+
+    NVRx's loop does that catch-up itself on its first pass, but only after it has found its old round
+    closed, and then sleeps 1 s before it looks at the round it just caught up with: every launcher that
+    restarts its workers lost a second there (docs/nvrx-restart-sleeps.md). Catching up first is what
+    the loop's first pass does anyway (`perform_rendezvous` resets the rate limit before Step 0), so only
+    the order changes. Returns whether the installed NVRx has both methods (False: nothing patched)."""
+    state = getattr(barrier_module, "_RendezvousBarrierState", None)
+    original = getattr(state, "_wait_for_rendezvous_open", None)
+    if original is None or not callable(getattr(state, "_sync_from_per_round_state", None)):
+        return False
+    if getattr(original, "_syncs_first", False):
+        return True
+
+    @functools.wraps(original)
+    def sync_then_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._sync_from_per_round_state()
+        return original(self, *args, **kwargs)
+
+    sync_then_wait._syncs_first = True  # type: ignore[attr-defined]
+    state._wait_for_rendezvous_open = sync_then_wait
+    return True

@@ -1,7 +1,9 @@
 """`python -m trainer.resilience.launch FT_LAUNCHER [ARG...]`: NVRx's ft_launcher, in this process, with
-two launcher-side additions of trainer/resilience/compat.py:
+three launcher-side additions of trainer/resilience/compat.py:
 
 * `skip_idle_group_grace`: no 1 s sleep after stopping a worker group that has already exited;
+* `sync_before_round_wait`: no 1 s sleep in the rendezvous' Step 0 before joining a round that is
+  already open (both: docs/nvrx-restart-sleeps.md);
 * `beat_after_rendezvous`: this node's liveness beat (trainer/resilience/liveness.py) in the rendezvous
   store while it is an active node, so that the workers of a starting group notice a node of their
   round that was lost before its workers came (a hot spare killed while it joins) within their
@@ -24,12 +26,13 @@ def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m trainer.resilience.launch FT_LAUNCHER [ARG...]", file=sys.stderr)
         return 2
-    from nvidia_resiliency_ext.fault_tolerance import launcher
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
 
-    from trainer.resilience.compat import beat_after_rendezvous, skip_idle_group_grace
+    from trainer.resilience.compat import beat_after_rendezvous, skip_idle_group_grace, sync_before_round_wait
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, LauncherBeat, parse_endpoint, rdzv_endpoint
 
     skip_idle_group_grace(launcher)
+    sync_before_round_wait(ft_rendezvous_barrier)
     endpoint = rdzv_endpoint(argv[1:])
     try:
         if endpoint:
