@@ -129,3 +129,41 @@ def test_budget_counts_own_and_peer_copies(tmp_path: Path) -> None:
     check_fits(tmp_path, per_copy, local_ranks=1)
     with pytest.raises(UnrecoverableError, match=r"^snapshot_dir: .*2 own \+ 3 peer replica copies.*shmSize"):
         check_fits(tmp_path, per_copy, local_ranks=1, replicated=True)
+
+
+def test_the_ranks_of_one_pod_leave_each_others_replicas_alone(tmp_path: Path) -> None:
+    """Pod 0 of 2 nodes x 2 ranks: rank 0 keeps rank 2's replicas, rank 1 rank 3's, in one /dev/shm
+    directory. A rank's cleanup after a restore must not delete what its local peer keeps or pulled (the
+    demo once failed a survivor's restore with FileNotFoundError on the replica it was serving)."""
+    from trainer.snapshot.replica import PULLED, REPLICAS, PeerReplicas
+
+    pod = tmp_path / "pod0"
+    state = build_save_dict({"model": torch.nn.Linear(8, 8)}, 1)
+
+    def place(directory: Path, owner: int) -> None:  # a verified slot file of `owner`'s step 5
+        store = SnapshotStore(directory, rank=owner, world_size=4, fingerprint="run")
+        store.write(5, state)
+        store.wait()
+        store.close()
+
+    for owner in (2, 3, 1):  # 1: kept by no rank of this node any more (the ring moved)
+        place(pod / REPLICAS, owner)
+    for puller in (0, 1):
+        place(pod / PULLED, puller)
+    ring = Ring(world_size=4, local_world_size=2)
+    stores = [SnapshotStore(pod, rank=r, world_size=4, fingerprint="run") for r in (0, 1)]
+    rank0, rank1 = (PeerReplicas(s, ring, host="127.0.0.1") for s in stores)
+    try:
+        assert {h.owner for h in rank0.shelf.held()} == {2, 1}  # its own, and the orphan (local rank 0)
+        assert {h.owner for h in rank1.shelf.held()} == {3}
+        rank0.after_restore(5)
+        left = sorted(p.relative_to(pod).as_posix() for p in pod.glob("*/rank*.slot*"))
+        assert left == ["pulled/rank1.slot0", "replicas/rank2.slot0", "replicas/rank3.slot0"], left
+        rank1.after_restore(5)
+        left = sorted(p.relative_to(pod).as_posix() for p in pod.glob("*/rank*.slot*"))
+        assert left == ["replicas/rank2.slot0", "replicas/rank3.slot0"], left
+    finally:
+        for peers in (rank0, rank1):
+            peers.close()
+        for s in stores:
+            s.close()

@@ -43,8 +43,28 @@ class PeerReplicas:
         self.store, self.ring, self.rank = store, ring, store.rank
         self.holder = ring.holder(self.rank)
         size, fingerprint = store.world_size, store.fingerprint
-        self.shelf = ReplicaShelf(store.dir / REPLICAS, world_size=size, fingerprint=fingerprint)
-        self.pulled = ReplicaShelf(store.dir / PULLED, world_size=size, fingerprint=fingerprint)
+        self.owner = ring.owner(self.rank)
+        # The pod's ranks share both directories: each looks after the replicas it keeps, and local
+        # rank 0 also after those no rank of this node keeps any more (the ring moved); a pulled copy is
+        # its puller's alone.
+        node_ranks = range(
+            ring.node_of(self.rank) * ring.local_world_size,
+            (ring.node_of(self.rank) + 1) * ring.local_world_size,
+        )
+        kept_here = {ring.owner(r) for r in node_ranks}
+        first_local = self.rank == node_ranks[0]
+        self.shelf = ReplicaShelf(
+            store.dir / REPLICAS,
+            world_size=size,
+            fingerprint=fingerprint,
+            manages=lambda owner: owner == self.owner or (first_local and owner not in kept_here),
+        )
+        self.pulled = ReplicaShelf(
+            store.dir / PULLED,
+            world_size=size,
+            fingerprint=fingerprint,
+            manages=lambda owner: owner == self.rank,
+        )
         self.server = replica_net.ReplicaServer(self.shelf, host)
         self.events: Any = None
         """The EventLog for `replica` events (set by the manager at each restore)."""
@@ -194,8 +214,7 @@ class PeerReplicas:
             self._reader.close()
             self._reader = None
         self.pulled.remove()
-        owner = self.ring.owner(self.rank)
-        self.shelf.discard(lambda h: h.step <= step and h.owner == owner)
+        self.shelf.discard(lambda h: h.step <= step and h.owner == self.owner)
 
     def close(self, *, remove: bool = False) -> None:
         if self.store.on_commit == self._committed:

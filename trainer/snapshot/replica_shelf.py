@@ -43,9 +43,21 @@ class Held:
 class ReplicaShelf:
     """Double-buffered replica slots of other ranks in one directory; thread-safe (server and loop)."""
 
-    def __init__(self, directory: Path, *, world_size: int, fingerprint: str) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        world_size: int,
+        fingerprint: str,
+        manages: Callable[[int], bool] | None = None,
+    ) -> None:
+        """`manages(owner)`: whether `held()` and `discard()` look at owner's files at all. The directory
+        is the pod's, shared by all its ranks: without it, one rank's discard deleted the replica a
+        local peer was serving (seen in the demo: FileNotFoundError in the peer's restore). None: every
+        file (a directory of this rank's alone)."""
         self.dir = Path(directory)
         self.world_size, self.fingerprint = world_size, fingerprint
+        self.manages = manages
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._newest: dict[int, tuple[int, int]] = {}  # owner -> (slot, step) of its newest verified replica
@@ -119,7 +131,7 @@ class ReplicaShelf:
         owners = set()
         for p in self.dir.glob("rank*.slot*"):
             head = p.name.removeprefix("rank").split(".slot")[0]
-            if head.isdigit():
+            if head.isdigit() and (self.manages is None or self.manages(int(head))):
                 owners.add(int(head))
         return sorted(owners)
 
