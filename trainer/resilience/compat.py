@@ -303,7 +303,7 @@ def beat_after_rendezvous(launcher_module: Any, beat: Any) -> bool:
     LauncherBeat) pauses while this node is in a rendezvous and serves (cycle, group rank) once a round
     made it active; a hot spare stays inside NVRx's rendezvous until then. Returns whether the installed
     NVRx has the agent method (False: nothing patched, no beats, workers wait as NVRx ships it)."""
-    agent = getattr(launcher_module, "LocalElasticAgent", None)
+    agent: Any = getattr(launcher_module, "LocalElasticAgent", None)
     original = getattr(agent, "_rendezvous", None)
     if original is None or getattr(original, "_beats", False):
         return original is not None
@@ -329,7 +329,7 @@ def sync_before_round_wait(barrier_module: Any) -> bool:
     restarts its workers lost a second there (docs/nvrx-restart-sleeps.md). Catching up first is what
     the loop's first pass does anyway (`perform_rendezvous` resets the rate limit before Step 0), so only
     the order changes. Returns whether the installed NVRx has both methods (False: nothing patched)."""
-    state = getattr(barrier_module, "_RendezvousBarrierState", None)
+    state: Any = getattr(barrier_module, "_RendezvousBarrierState", None)
     original = getattr(state, "_wait_for_rendezvous_open", None)
     if original is None or not callable(getattr(state, "_sync_from_per_round_state", None)):
         return False
