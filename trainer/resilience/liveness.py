@@ -111,6 +111,7 @@ class LauncherBeat:
         self._key: str | None = None
         self._count = 0
         self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -140,10 +141,15 @@ class LauncherBeat:
             if key is None:
                 return
             self._count += 1
+            count = self._count
+        # The store I/O runs outside _lock, so that pause() (the agent entering a rendezvous) never waits
+        # for a connection to a store host that is gone; a beat already under way may still land under
+        # the old key, which no worker of a later round reads.
+        with self._io_lock:
             try:
                 if self._store is None:
                     self._store = self._store_factory(self.endpoint)
-                self._store.set(key, str(self._count))
+                self._store.set(key, str(count))
             except Exception as exc:  # the store host is gone or slow: the job restarts anyway; try again
                 log.debug("liveness beat %s failed: %s", key, exc)
                 self._store = None
