@@ -207,17 +207,19 @@ def prewarm(queue: Any) -> None:
         filesystem_async, "_get_write_results_queue", None
     )
     manager_pids: list[int] = []
-    if getter is not None:
-        results_queue = getter()
-        process = getattr(getattr(results_queue, "_manager", None), "_process", None)
-        if process is not None and process.pid:
-            manager_pids.append(int(process.pid))
     try:
+        if getter is not None:
+            results_queue = getter()
+            process = getattr(getattr(results_queue, "_manager", None), "_process", None)
+            if process is not None and process.pid:
+                manager_pids.append(int(process.pid))
         queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
     except Exception as exc:
         # Only a head start: the first save starts the worker anyway. A run that ends (or gives up on an
         # unrecoverable error) at once tears the process group down under this thread, and NVRx asks it
-        # for the rank: a one-line note, not a traceback in the log.
+        # for the rank, or exits while the Manager's handshake is under way (seen in `make test`: the
+        # handshake in `get_write_results_queue` broke off as a rank gave up at step 0; the log lost
+        # the exception's last line): a one-line note, not a traceback.
         log.info("NVRx worker not started ahead of the first save: %s", exc)
 
 
