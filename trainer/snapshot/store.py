@@ -355,7 +355,15 @@ class _Mapping:
             rc = torch.cuda.cudart().cudaHostRegister(self.bytes.data_ptr(), self.size, 0)
             self._registered = int(rc) == 0
             if not self._registered:
-                log.warning("cudaHostRegister of a snapshot slot failed (%s): copies stay synchronous", rc)
+                # The failure stays the CUDA runtime's "last error" of this thread, and torch's check after
+                # the next kernel launch raised it as that kernel's ("CUDA error: invalid argument", every
+                # step, on an H200 whose runtime refuses to register /dev/shm mappings): clear it here.
+                cleared = _clear_cuda_last_error()
+                log.warning(
+                    "cudaHostRegister of a snapshot slot failed (%s; error %s): copies stay synchronous",
+                    rc,
+                    "cleared" if cleared else "NOT cleared: the next CUDA call may report it",
+                )
 
     def close(self) -> None:
         if self.closed:
@@ -370,6 +378,22 @@ class _Mapping:
             self.mm.close()
         except BufferError:  # a view is still referenced somewhere: the mapping goes when it does
             log.debug("snapshot mapping still in use at close")
+
+
+def _clear_cuda_last_error() -> bool:
+    """Reset this thread's CUDA runtime error (cudaGetLastError) in the libcudart torch has loaded; torch's
+    cudart bindings have no cudaGetLastError. False when no loaded libcudart is found."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+        for path in sorted(paths):
+            ctypes.CDLL(path).cudaGetLastError()
+        return bool(paths)
+    except OSError as exc:
+        log.debug("could not clear the CUDA error: %s", exc)
+        return False
 
 
 def _copy_done_marker(tensors: list[torch.Tensor]) -> Any:
