@@ -171,8 +171,9 @@ class RoundWatch:
     timeout_s: float
     watches_nodes: bool = True
     clock: Callable[[], float] = time.monotonic
-    _seen: dict[int, tuple[bytes | None, float]] = field(default_factory=dict)
-    _started: float = -1.0
+    _seen: dict[int, tuple[bytes | None, float]] = field(default_factory=dict, init=False)
+    """Per peer group rank: its last value seen and when it last changed (or the watch began)."""
+    _started: float = field(default=-1.0, init=False)
 
     @classmethod
     def from_env(cls, timeout_s: float, env: Mapping[str, str] | None = None) -> RoundWatch | None:

@@ -47,10 +47,7 @@ class PeerReplicas:
         # The pod's ranks share both directories: each looks after the replicas it keeps, and local
         # rank 0 also after those no rank of this node keeps any more (the ring moved); a pulled copy is
         # its puller's alone.
-        node_ranks = range(
-            ring.node_of(self.rank) * ring.local_world_size,
-            (ring.node_of(self.rank) + 1) * ring.local_world_size,
-        )
+        node_ranks = ring.node_ranks(self.rank)
         kept_here = {ring.owner(r) for r in node_ranks}
         first_local = self.rank == node_ranks[0]
         self.shelf = ReplicaShelf(

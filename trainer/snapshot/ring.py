@@ -40,6 +40,11 @@ class Ring:
         self._check(rank)
         return rank // self.local_world_size
 
+    def node_ranks(self, rank: int) -> range:
+        """The ranks on `rank`'s node (`rank` included)."""
+        first = self.node_of(rank) * self.local_world_size
+        return range(first, first + self.local_world_size)
+
     def holder(self, rank: int) -> int | None:
         """The rank that keeps `rank`'s replica: same local rank, next node (None with one node)."""
         if not self.enabled:
