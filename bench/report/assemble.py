@@ -1,4 +1,4 @@
-"""Turn the benchmark JSON under bench/results/ into markdown tables, PNG plots and the README section.
+"""Turn the benchmark JSON under bench/results/ into markdown tables, PNG plots and the README's headline.
 
 Reads whatever results exist (recovery.json, recovery_pods.json, ckpt_stall.json, synth.json,
 planner.json), writes ``bench/results/RESULTS.md`` and the plots next to it, and replaces the text between
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report.fmt import rows_section
+from bench.report.headline import headline_section
 from bench.report.planner import planner_section
 from bench.report.pods import pods_section
 from bench.report.recovery import recovery_plot, recovery_section
@@ -82,14 +83,24 @@ def replace_between_markers(text: str, body: str) -> str:
     return text[: start + len(START)] + "\n" + body + text[end:]
 
 
+def headline(results: Path) -> str:
+    """The README's short section: the headline figures of what exists under ``results``."""
+    return headline_section(
+        *(
+            _load(results / f"{name}.json")
+            for name in ("meta", "recovery", "recovery_pods", "ckpt_stall", "planner")
+        )
+    )
+
+
 def write(results: Path, readme: Path | None) -> str:
-    """Write RESULTS.md (and the README section when ``readme`` is given); returns the markdown."""
+    """Write RESULTS.md and, given ``readme``, the README's headline section; return RESULTS.md's body."""
     body = build(results)
     results.mkdir(parents=True, exist_ok=True)
     # RESULTS.md sits next to the plots; the README links them from the repository root.
     (results / "RESULTS.md").write_text("# Benchmark results\n\n" + body.replace("](bench/results/", "]("))
     if readme is not None:
-        readme.write_text(replace_between_markers(readme.read_text(), body))
+        readme.write_text(replace_between_markers(readme.read_text(), headline(results)))
     return body
 
 

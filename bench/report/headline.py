@@ -1,0 +1,69 @@
+"""The README's short results section: a handful of headline figures, each pointing at its full table.
+
+The whole report (every scenario, phase and size) goes to bench/results/RESULTS.md; a newcomer reading the
+README gets one line per thing the blueprint promises, with where it was measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.report.fmt import fmt_spread, md_table
+
+
+def _summary(res: dict[str, Any] | None, scenario: str, key: str = "mttr_s") -> dict[str, Any] | None:
+    if not res:
+        return None
+    return (res.get("summary") or {}).get(scenario, {}).get(key)
+
+
+def _stall_row(stall: dict[str, Any] | None) -> dict[str, Any] | None:
+    rows = [r for r in (stall or {}).get("rows", []) if r.get("mode") == "nvrx"]
+    return max(rows, key=lambda r: r["MiB/rank"]) if rows else None
+
+
+def headline_section(
+    meta: dict[str, Any] | None,
+    rec: dict[str, Any] | None,
+    pods: dict[str, Any] | None,
+    stall: dict[str, Any] | None,
+    plan: dict[str, Any] | None,
+) -> str:
+    """Markdown: one row per headline figure that the results hold (rows without data are left out)."""
+    rows: list[list[str]] = []
+
+    def add(what: str, spread: dict[str, Any] | None, where: str) -> None:
+        if spread:
+            rows.append([what, fmt_spread(spread), where])
+
+    for what, res, scenario in (
+        ("tier 1: an exception, recovered in-process", rec, "exception/tier1"),
+        ("tier 2: a rank killed, workers restarted by ft_launcher", rec, "sigkill/tier2"),
+        ("a node lost, a hot spare takes its place", pods, "node-loss/spare"),
+        ("a node lost, its state restored from a peer's replica", pods, "node-loss/peer"),
+    ):
+        add(what, _summary(res, scenario), f"`{scenario}`")
+    row = _stall_row(stall)
+    if row:
+        what = f"durable checkpoint stall, {row['MiB/rank']} MiB per rank (nvrx async)"
+        rows.append([what, fmt_spread(row["blocked_s"]), "checkpoint stall"])
+    if plan:
+        d = plan["default"]
+        rows.append(
+            [
+                f"planner: expected training efficiency at {d['gpus']:,} GPUs",
+                f"{100 * d['efficiency']:.2f} %",
+                "goodput planner",
+            ]
+        )
+    if not rows:
+        return "(no benchmark results yet: run `make bench`)\n"
+    when = f"`{meta['command']}` on {meta['date']} ({meta['machine']})" if meta else "`make bench`"
+    parts = [
+        "MTTR = fault to the first training step after it; median (min-max) over the repetitions. CPU ranks "
+        f"(gloo, `tiny` preset) on a 2-core machine, from {when}. Every table, its settings and the machine "
+        "load: [bench/results/RESULTS.md](bench/results/RESULTS.md).",
+        "",
+        md_table(["what", "measured", "full table"], rows),
+    ]
+    return "\n".join(parts) + "\n"
