@@ -3,7 +3,8 @@
 A fault is `KIND:step=N[:rank=R][:node=K]` given with `--fault` (repeatable) or in TRAINER_FAULTS
 (';'-separated). `rank=random` draws the rank from `--fault-seed`, so a run is reproducible. Each fault
 fires at most once per run, even across restarts: the firing rank first creates a marker file under
-`<out-dir>/faults/` with O_EXCL, then fires; a restarted process finds the marker and skips it.
+`<out-dir>/faults/` with O_EXCL, then fires; a restarted process finds the marker and skips it. A node-loss
+has one marker per node: it fires on the node's ranks of the round that claimed it, never in a later one.
 
 Kinds and where they fire (rank R defaults to 0, node K to 0):
     exception     rank R raises InjectedFault at the start of step N        (tier 1)
@@ -145,15 +146,23 @@ class FaultInjector:
         return spec.rank == self.rank
 
     def _claim(self, spec: FaultSpec) -> bool:
-        """True once per run: create the marker file exclusively (a restarted process finds it)."""
+        """True once per run: create the marker file exclusively (a restarted process finds it).
+
+        A node-loss has one marker per node, written by whichever rank of the node gets there first, with
+        the launcher round it fired in. The node's other ranks of that same round fire too (the pod is
+        going down with all of them anyway); the ranks that hold node K's place in a later round (a spare,
+        a replacement pod) find another round in the marker and do not fire again. A marker per rank fired
+        twice: the first rank killed the pod before its neighbour wrote its own, and the neighbour's
+        successor in the next round found none.
+        """
         self.marker_dir.mkdir(parents=True, exist_ok=True)
-        # node-loss fires on every rank of the node: one marker per rank so each of them fires.
-        name = spec.key + (f"-r{self.rank}" if spec.kind == "node-loss" else "")
+        path = self.marker_dir / spec.key
+        round_id = _launcher_round() if spec.kind == "node-loss" else None
         try:
-            fd = os.open(self.marker_dir / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            return False
-        os.write(fd, f"{time.time()} pid={os.getpid()}\n".encode())
+            return round_id is not None and _marker_round(path) == round_id
+        os.write(fd, f"{time.time()} pid={os.getpid()} round={round_id}\n".encode())
         os.fsync(fd)
         os.close(fd)
         return True
@@ -195,6 +204,23 @@ class FaultInjector:
             if spec.kind == "ckpt-write-error" and step >= spec.step and self._claim(spec):
                 self.emit(spec.kind, step)
                 raise InjectedWriteError(28, f"injected {spec}: no space left on device")
+
+
+def _launcher_round() -> str:
+    """The launcher's rendezvous round this process belongs to (0 outside a launcher)."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def _marker_round(path: Path) -> str | None:
+    """The `round=` a marker was written in; None when it cannot be read (a marker of another format)."""
+    try:
+        text = path.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    for part in text.split():
+        if part.startswith("round="):
+            return part.removeprefix("round=")
+    return None
 
 
 def _kill_self(sig: signal.Signals) -> None:

@@ -197,3 +197,39 @@ def test_a_fault_fires_once_per_run_even_across_restarts(tmp_path: Path) -> None
     injector(1).at_step(2)  # a "restarted process": the marker file says it already fired
     first.at_step(2)
     assert emitted == [("exception", 2)]
+
+
+def test_a_node_loss_fires_once_per_run_whichever_rank_of_the_node_claims_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1's loss fires on the ranks of the round that claimed it, and never again on the ranks that
+    take node 1's place in a later round (a spare's), even when a rank of the node never got to write
+    anything before the pod died (issue 26: it fired twice in a demo run)."""
+    import trainer.faults as faults
+
+    fired: list[tuple[int, str]] = []
+    rank_now = {"rank": -1}
+    monkeypatch.setattr(
+        faults,
+        "_lose_node",
+        lambda: fired.append((rank_now["rank"], os.environ["TORCHELASTIC_RESTART_COUNT"])),
+    )
+
+    def reach_step_3(rank: int, round_id: int, markers: Path) -> None:
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(round_id))
+        rank_now["rank"] = rank
+        specs = [parse_fault("node-loss:step=3:node=1")]
+        FaultInjector(specs, rank=rank, node=1, marker_dir=markers, emit=lambda k, s: None).at_step(3)
+
+    # Rank 3 gets there first and kills the pod before rank 2 reaches the step; in the next round the
+    # spare's ranks 2 and 3 reach it and must not fire it again.
+    reach_step_3(3, 0, tmp_path / "a")
+    reach_step_3(2, 1, tmp_path / "a")
+    reach_step_3(3, 1, tmp_path / "a")
+    assert fired == [(3, "0")]
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["node-loss-step3-rank0-node1"]
+    # Both ranks of the node reach it in the same round: both go down with their pod.
+    fired.clear()
+    reach_step_3(2, 0, tmp_path / "b")
+    reach_step_3(3, 0, tmp_path / "b")
+    assert fired == [(2, "0"), (3, "0")]
