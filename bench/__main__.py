@@ -19,6 +19,11 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
               `make demo` run (the summary.json named in out/demo/report.json), if there is one
 
 Then bench.report writes ``<results>/RESULTS.md`` and the README section between the bench markers.
+
+Each part runs under a load monitor (bench/load.py): the CPU that other processes took while it ran is
+recorded in meta.json and printed in the report. A part measured beside other work (more than
+``QUIET_FOREIGN_CORES`` cores of it on average) does not replace the committed result: its JSON goes to
+``<results>/loaded/`` and the previous one stays, unless ``--allow-loaded`` (then it is marked LOADED).
 """
 
 from __future__ import annotations
@@ -38,12 +43,35 @@ from typing import Any
 
 import goodput
 from bench import recovery, recovery_pods, report, snapshot
+from bench.load import QUIET_FOREIGN_CORES, LoadMonitor
 from goodput.cli import build_parser, run_plan
 from goodput.montecarlo import simulate
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
 PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "planner")
+RESULT_FILES = {"pods": "recovery_pods.json"}  # the JSON each part writes, when not <part>.json
+
+
+def result_file(results: Path, part: str) -> Path:
+    return results / RESULT_FILES.get(part, f"{part}.json")
+
+
+def keep_or_set_aside(results: Path, part: str, previous: bytes | None, load: dict[str, Any]) -> str:
+    """After a part measured beside other work: move its new JSON to <results>/loaded/ and put the
+    previous result back. Returns what was done, for the record."""
+    new = result_file(results, part)
+    if not new.is_file():
+        return "no result written"
+    aside = results / "loaded" / new.name
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    new.replace(aside)
+    if previous is not None:
+        new.write_bytes(previous)
+    return (
+        f"not published: other work took {load['foreign_cores_mean']:.2f} cores on average "
+        f"(limit {QUIET_FOREIGN_CORES}); the result is in {_rel(aside)}"
+    )
 
 
 def run_recovery(results: Path, quick: bool) -> None:
@@ -248,6 +276,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--only", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     p.add_argument("--results", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--no-readme", action="store_true", help="do not touch README.md")
+    p.add_argument(
+        "--allow-loaded",
+        action="store_true",
+        help="publish a part's result even when other work loaded the machine while it ran (marked LOADED)",
+    )
     args = p.parse_args(argv)
     parts = [x.strip() for x in args.only.split(",") if x.strip()]
     bad = [x for x in parts if x not in PARTS]
@@ -278,13 +311,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print(f"== bench {part}", flush=True)
         t = time.monotonic()
+        previous = (
+            result_file(args.results, part).read_bytes()
+            if result_file(args.results, part).is_file()
+            else None
+        )
+        monitor = LoadMonitor().start()
         try:
             jobs[part]()
             status[part] = {"ok": True}
         except Exception as err:  # one broken part must not cost the others' results
             status[part] = {"ok": False, "error": f"{type(err).__name__}: {err}"}
             print(f"bench {part} FAILED: {status[part]['error']}", flush=True)
+        load = monitor.stop()
         status[part]["seconds"] = round(time.monotonic() - t, 1)
+        status[part]["load"] = load
+        if not load["quiet"]:
+            if args.allow_loaded:
+                status[part]["published"] = "LOADED: published with --allow-loaded"
+            else:
+                status[part]["published"] = keep_or_set_aside(args.results, part, previous, load)
+            print(f"bench {part}: {status[part]['published']}", flush=True)
     # A run of some parts (--only) keeps the record of the others' last run.
     old = _load_json(args.results / "meta.json") if len(parts) < len(PARTS) else {}
     merged = {**(old.get("parts") or {}), **status}
@@ -299,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _write(args.results / "meta.json", meta)
     report.write(args.results, None if args.no_readme else REPO / "README.md")
     print(json.dumps(status, indent=1))
-    return 0 if all(s["ok"] for s in status.values()) else 1
+    published = all(s["load"]["quiet"] or args.allow_loaded for s in status.values())
+    return 0 if all(s["ok"] for s in status.values()) and published else 1
 
 
 if __name__ == "__main__":

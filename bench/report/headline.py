@@ -66,4 +66,13 @@ def headline_section(
         "",
         md_table(["what", "measured", "full table"], rows),
     ]
+    unrecorded = [name for name, p in (meta or {}).get("parts", {}).items() if not p.get("load")]
+    if unrecorded:
+        parts += [
+            "",
+            "These figures were taken before the benchmarks recorded the machine's load (parts "
+            f"{', '.join(unrecorded)}): some figures of that run were taken beside other work. "
+            "`make bench` on a quiet machine re-measures them, and now refuses to publish a part that "
+            "other work slowed down.",
+        ]
     return "\n".join(parts) + "\n"
