@@ -9,6 +9,9 @@ import pytest
 
 from tools.ports import free_port
 
+# Every test fails when a process it started outlives it detached from the runner (tests/orphans.py).
+pytest_plugins = ["tests.orphans"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELM = REPO_ROOT / ".tools" / "bin" / "helm"
 CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
