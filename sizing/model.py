@@ -153,17 +153,19 @@ def _interval_setting(seconds: float, step_s: float | None) -> str:
 
 def _write_fixes(i: SizingInputs, nodes_mbps: float, needed_mbps: float, needed_gib: float) -> str:
     """The smallest settings that make one checkpoint durable within the interval."""
-    fixes = [_interval_setting(i.checkpoint_bytes / min(baseline_mbps(i.fsx_gib, i.throughput_per_tib),
-                                                           nodes_mbps) / MB, i.step_s)]
+    fixes = [
+        _interval_setting(
+            i.checkpoint_bytes / min(baseline_mbps(i.fsx_gib, i.throughput_per_tib), nodes_mbps) / MB,
+            i.step_s,
+        )
+    ]
     if nodes_mbps < needed_mbps:
         fixes.append(
             f"the nodes' clients move only {nodes_mbps:,.0f} MB/s together ({i.nodes} x "
             f"checkpoints.node_mbps {i.node_mbps:g}): more nodes or a longer interval"
         )
         return "; ".join(fixes)
-    per_tib = next(
-        (t for t in PERSISTENT_2_THROUGHPUTS if baseline_mbps(i.fsx_gib, t) >= needed_mbps), None
-    )
+    per_tib = next((t for t in PERSISTENT_2_THROUGHPUTS if baseline_mbps(i.fsx_gib, t) >= needed_mbps), None)
     if per_tib is not None and per_tib != i.throughput_per_tib:
         fixes.append(f"fsx.throughput_per_tib {per_tib}")
     capacity = smallest_valid_capacity_gib(max(needed_mbps / i.throughput_per_tib * 1000, needed_gib))
@@ -217,10 +219,17 @@ def size(i: SizingInputs) -> SizingResult:
     if i.reload_budget_s is not None and reload_s > i.reload_budget_s:
         needed_mbps = ckpt / i.reload_budget_s / MB
         per_tib = next(
-            (t for t in PERSISTENT_2_THROUGHPUTS if min(baseline_mbps(i.fsx_gib, t), nodes_mbps) >= needed_mbps),
+            (
+                t
+                for t in PERSISTENT_2_THROUGHPUTS
+                if min(baseline_mbps(i.fsx_gib, t), nodes_mbps) >= needed_mbps
+            ),
             None,
         )
-        hint = f"; fsx.throughput_per_tib {per_tib} would take {_duration(ckpt / min(baseline_mbps(i.fsx_gib, per_tib), nodes_mbps) / MB)}" if per_tib else ""
+        hint = ""
+        if per_tib:
+            faster = ckpt / min(baseline_mbps(i.fsx_gib, per_tib), nodes_mbps) / MB
+            hint = f"; fsx.throughput_per_tib {per_tib} would take {_duration(faster)}"
         warnings.append(
             f"reloading the whole job ({_gb(ckpt)} at {durable:,.0f} MB/s) takes {_duration(reload_s)}, "
             f"above checkpoints.reload_budget_minutes {i.reload_budget_s / 60:g}{hint}"

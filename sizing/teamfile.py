@@ -64,10 +64,12 @@ def interval_steps(minutes: float, step_seconds: float) -> int:
 
 
 def instance_facts(instance_type: str) -> dict[str, int]:
-    """GPUs and NVMe of an instance type, from the table infra and the chart read (k8s/instance-types.json)."""
+    """GPUs and NVMe of an instance type (k8s/instance-types.json, the table infra and the chart read)."""
     types = json.loads(INSTANCE_TYPES_FILE.read_text(encoding="utf-8"))["types"]
     if instance_type not in types:
-        raise TeamSizingError(f"gpu_node_group.instance_type: {instance_type!r} is not one of {sorted(types)}")
+        raise TeamSizingError(
+            f"gpu_node_group.instance_type: {instance_type!r} is not one of {sorted(types)}"
+        )
     return dict(types[instance_type])
 
 
@@ -90,13 +92,17 @@ def inputs_for(
     if "model" in c and "parameters" in c:
         raise TeamSizingError("checkpoints.parameters: give model (a preset) or parameters, not both")
     try:
-        params = int(c["parameters"]) if "parameters" in c else parameters_of_preset(c.get("model", DEFAULT_MODEL))
+        params = (
+            int(c["parameters"]) if "parameters" in c else parameters_of_preset(c.get("model", DEFAULT_MODEL))
+        )
         ckpt = checkpoint_bytes(params, c.get("weights_dtype", "fp32"), c.get("optimizer", "adamw"))
     except (TypeError, ValueError) as err:
         raise TeamSizingError(f"checkpoints: {err}") from None
     step_s = float(c.get("step_seconds", DEFAULT_STEP_SECONDS))
-    steps = int(c["interval_steps"]) if "interval_steps" in c else interval_steps(
-        float(c.get("interval_minutes", DEFAULT_INTERVAL_MINUTES)), step_s
+    steps = (
+        int(c["interval_steps"])
+        if "interval_steps" in c
+        else interval_steps(float(c.get("interval_minutes", DEFAULT_INTERVAL_MINUTES)), step_s)
     )
     try:
         return SizingInputs(
