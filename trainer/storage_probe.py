@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,12 +129,25 @@ def _read_file(
         modes.append(mode)
 
 
-def _run_phase(targets: list[threading.Thread]) -> float:
+def _run_phase(work: list[tuple[Callable[..., None], tuple[object, ...]]]) -> float:
+    """Run each (function, args) on its own thread at once; the seconds until all are done. A failed
+    write or read (ENOSPC, EIO) fails the probe instead of lowering its figure."""
+    errors: list[OSError] = []
+
+    def guarded(target: Callable[..., None], args: tuple[object, ...]) -> None:
+        try:
+            target(*args)
+        except OSError as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=guarded, args=item) for item in work]
     start = time.monotonic()
-    for t in targets:
+    for t in threads:
         t.start()
-    for t in targets:
+    for t in threads:
         t.join()
+    if errors:
+        raise errors[0]
     return time.monotonic() - start
 
 
@@ -142,20 +155,18 @@ def probe(directory: Path, nbytes: int, files: int, time_limit_s: float, node: s
     """Write, fsync, read back and remove `files` files of `nbytes` in `directory`; the measured figures."""
     created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(directory).free
-    if files * nbytes > free:
-        raise ProbeError(f"--bytes: {files} x {nbytes} bytes do not fit in {directory} ({free} bytes free)")
     paths = [directory / f"probe-{node}-{os.getpid()}-{i}.bin" for i in range(files)]
     lock = threading.Lock()
-    deadline = time.monotonic() + time_limit_s
     write, read, modes = PhaseResult(), PhaseResult(), []
     try:
-        write.seconds = _run_phase(
-            [threading.Thread(target=_write_file, args=(p, nbytes, deadline, write, lock)) for p in paths]
-        )
-        read.seconds = _run_phase(
-            [threading.Thread(target=_read_file, args=(p, deadline, read, modes, lock)) for p in paths]
-        )
+        free = shutil.disk_usage(directory).free
+        if files * nbytes > free:
+            raise ProbeError(
+                f"--bytes: {files} x {nbytes} bytes do not fit in {directory} ({free} bytes free)"
+            )
+        deadline = time.monotonic() + time_limit_s
+        write.seconds = _run_phase([(_write_file, (p, nbytes, deadline, write, lock)) for p in paths])
+        read.seconds = _run_phase([(_read_file, (p, deadline, read, modes, lock)) for p in paths])
     finally:
         for p in paths:
             p.unlink(missing_ok=True)
