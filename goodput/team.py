@@ -42,9 +42,9 @@ def team_tiers(default_tiers: tuple[str, ...], reload_s: float) -> tuple[str, ..
     for spec in default_tiers:
         name = spec.split(":", 1)[0]
         if name == "node-loss":
-            spec = spec.replace("fallback-mttr=240", f"fallback-mttr={PEER_MTTR_S + reload_s:.6g}")
+            spec = spec.replace("fallback-mttr=240", f"fallback-mttr={PEER_MTTR_S + reload_s!r}")
         elif name == "job-restart":
-            spec = spec.replace("mttr=900", f"mttr={JOB_RESTART_WITHOUT_LOAD_S + reload_s:.6g}")
+            spec = spec.replace("mttr=900", f"mttr={JOB_RESTART_WITHOUT_LOAD_S + reload_s!r}")
         out.append(spec)
     return tuple(out)
 
