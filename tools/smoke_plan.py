@@ -239,7 +239,9 @@ def probe_job(
                 ]
             }
         },
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+        # As the trainer's pods by default (k8s/values.yaml runAsNonRoot): root without capabilities, since
+        # the FSx root directory is root's and the CSI driver applies no fsGroup to a static volume.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [
             {
                 "name": "probe",
