@@ -197,7 +197,7 @@ def cluster_storage_step(
     release = f"{args.release}-storage"
     job_name = f"{release}-{datetime.now(UTC):%H%M%S}"
     start_at = datetime.now(UTC).timestamp() + args.storage_start_slack
-    body = probe_job(base, exp, job_name, release, run_name, args.storage_time_limit, start_at)
+    body: Any = probe_job(base, exp, job_name, release, run_name, args.storage_time_limit, start_at)
     kube.log(
         f"storage step: job {job_name}, {exp.nodes} pods x {exp.files_per_node} files of "
         f"{exp.bytes_per_file / 1e6:,.0f} MB on {base.get('storage', {}).get('claimName', 'fsx-shared')}"
@@ -208,7 +208,8 @@ def cluster_storage_step(
             job_name, release, args.start_timeout, args.storage_time_limit + args.start_timeout
         )
         pods = kube.core.list_namespaced_pod(kube.namespace, label_selector=release_selector(release)).items
-        results = [r for pod in pods for r in parse_probe_lines(kube.pod_log(pod.metadata.name, "probe"))]
+        names = [str(pod.metadata.name) for pod in pods if pod.metadata is not None]
+        results = [r for name in names for r in parse_probe_lines(kube.pod_log(name, "probe"))]
         verdict = evaluate_storage(results, exp)
         if outcome.state != "complete":
             verdict.ok = False

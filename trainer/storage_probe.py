@@ -157,7 +157,8 @@ def probe(directory: Path, nbytes: int, files: int, time_limit_s: float, node: s
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / f"probe-{node}-{os.getpid()}-{i}.bin" for i in range(files)]
     lock = threading.Lock()
-    write, read, modes = PhaseResult(), PhaseResult(), []
+    write, read = PhaseResult(), PhaseResult()
+    modes: list[str] = []
     try:
         free = shutil.disk_usage(directory).free
         if files * nbytes > free:
