@@ -8,8 +8,10 @@ defaults with their sources and the rollbacks read from measurement files (``inp
 snapshot interval and the replica-loss window (``tiers``), an event-by-event Monte Carlo check of the
 model (``montecarlo``), fitting the model to a measured run or to bench.recovery's MTTRs (``fit``), the
 scale plot (``plot``) and the CLI (``cli``). docs/goodput.md lists the inputs.
-May import: the standard library, numpy and matplotlib. Never ``infra``, ``trainer``, ``tools`` or
-``bench``: it reads the trainer's output files (Contract 3 of docs/design.md), not its code.
+A team's own figures (``--teams``, ``team``) come from the ``sizing`` package's reading of the teams file.
+May import: the standard library, numpy, matplotlib, ``sizing`` (and PyYAML for ``--teams``). Never
+``infra``, ``trainer``, ``tools`` or ``bench``: it reads the trainer's output files (Contract 3 of
+docs/design.md) and the teams file, not their code.
 """
 
 from goodput.fit import (

@@ -26,6 +26,7 @@ from goodput.model import (
 )
 from goodput.plot import plot_scale
 from goodput.profiles import PROFILES
+from goodput.team import read_team, team_overrides, team_tiers
 from goodput.tiers import SnapshotInputs, best_plan, parse_tier_spec, rollback_steps
 
 DESCRIPTION = (
@@ -126,7 +127,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary", type=Path, default=None, help="predict this run's summary.json instead")
     p.add_argument("--plot", type=Path, default=None, help="write efficiency vs cluster size to this PNG")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument(
+        "--teams",
+        type=Path,
+        default=None,
+        help="a teams file: take the nodes, step time, checkpoint interval, save stall and reload time of "
+        "--team from the storage sizing (options given on the command line still win)",
+    )
+    p.add_argument("--team", default=None, help="the team in --teams (default: the first)")
     return p
+
+
+def given_options(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
+    """The options the command line gave (their dests), whatever their defaults."""
+    probe = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            kwargs: dict[str, Any] = {"dest": action.dest}
+            if action.nargs == 0:
+                kwargs["action"] = "store_const"
+                kwargs["const"] = True
+            probe.add_argument(*action.option_strings, **kwargs)
+    known, _ = probe.parse_known_args(argv)
+    return set(vars(known))
+
+
+def apply_team(args: argparse.Namespace, given: set[str]) -> dict[str, Any] | None:
+    """Set the team's figures on `args` (not those given); the team block of the result, or None."""
+    if args.teams is None:
+        if args.team is not None:
+            raise PlanError("--team needs --teams (the teams file)")
+        return None
+    name, sizing = read_team(args.teams, args.team)
+    for key, value in team_overrides(sizing).items():
+        if key not in given:
+            setattr(args, key, value)
+    if "tier" not in given:
+        args.tier = list(team_tiers(DEFAULT_TIERS, sizing.reload_s))
+    return {"name": name, "teams_file": str(args.teams), "sizing": sizing.as_dict()}
 
 
 def _snapshot_blocked(args: argparse.Namespace) -> dict[str, Any]:
@@ -187,7 +225,7 @@ def run_plan(args: argparse.Namespace) -> dict[str, Any]:
     base_plan = checkpoint_restart_baseline(plan, base_mttr, args.baseline_stall)
     base_opt = optimal_interval(base_plan)
     base_out = evaluate(base_plan, base_opt if math.isfinite(base_opt) and base_opt > 0 else plan.interval_s)
-    return {
+    result = {
         "plan": plan_dict(plan),
         "gpus": plan.gpus,
         "job_mtbf_h": math.inf if plan.fault_rate_s == 0 else 1 / plan.fault_rate_s / 3600,
@@ -213,6 +251,9 @@ def run_plan(args: argparse.Namespace) -> dict[str, Any]:
             "efficiency": base_out.efficiency,
         },
     }
+    if getattr(args, "team_block", None) is not None:
+        result["team"] = args.team_block
+    return result
 
 
 def format_text(r: dict[str, Any]) -> str:
@@ -238,6 +279,16 @@ def format_text(r: dict[str, Any]) -> str:
                 for name, rb in snap["rollback_steps"].items()
             ),
         ]
+    if "team" in r:
+        t, z = r["team"], r["team"]["sizing"]
+        lines.insert(
+            1,
+            f"team               {t['name']} ({t['teams_file']}): checkpoint {z['checkpoint_gb']:,.1f} GB, "
+            f"durable write {z['write_s']:.0f} s and whole-job reload {z['reload_s']:.0f} s at "
+            f"{z['durable_mbps']:,.0f} MB/s (storage sizing)",
+        )
+        lines[2:2] = [f"  storage problem: {p}" for p in z["problems"]]
+        lines[2:2] = [f"  storage warning: {w}" for w in z["warnings"]]
     lines += [f"  {k:<24} {100 * v:6.2f}" for k, v in r["lost"].items()]
     b = r["baseline"]
     lines.append(
@@ -248,8 +299,10 @@ def format_text(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        args.team_block = apply_team(args, given_options(parser, argv))
         if args.summary is not None:
             result = predict_from_summary(args.summary, args.interval)
             print(json.dumps(result, indent=2) if args.json else _format_prediction(result))

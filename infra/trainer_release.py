@@ -18,6 +18,7 @@ from infra.instance_types import GPU_INSTANCE_TYPES
 from infra.nvme_userdata import LOCAL_NVME_PATH
 from infra.observability import trainer_metrics_values
 from infra.storage import FSX_PVC_NAME
+from infra.teams.checkpoints import checkpoint_values
 
 TRAINER_RELEASE = "trainer"
 
@@ -36,6 +37,8 @@ def trainer_values(team: TeamConfig, image_repository: str, image_tag: str) -> d
         "serviceAccountName": TRAINER_SERVICE_ACCOUNT,
         "suspend": not team.start_trainer,
         **trainer_metrics_values(team.observability),
+        # The checkpoint cadence the file system was sized for (sizing package, checked at synthesis).
+        **checkpoint_values(team.checkpoints, team.storage_sizing.write_s),
     }
 
 

@@ -11,13 +11,15 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-PACKAGES = ("infra", "trainer", "tools", "bench", "goodput")
+PACKAGES = ("infra", "trainer", "tools", "bench", "goodput", "sizing")
 # What each package must never import (besides itself, any package not listed here may be imported).
 FORBIDDEN: dict[str, set[str]] = {
     "infra": {"trainer", "tools", "bench", "goodput"},  # synth needs no torch
-    "trainer": {"infra", "tools", "bench", "goodput"},  # the image needs no CDK and no harness
+    "trainer": {"infra", "tools", "bench", "goodput", "sizing"},  # the image needs no CDK and no harness
     "tools": {"bench", "infra"},
     "goodput": {"infra", "trainer", "tools", "bench"},
+    # The storage sizing: stdlib only; infra, goodput and tools import it, it imports none of them.
+    "sizing": {"infra", "trainer", "tools", "bench", "goodput"},
 }
 
 

@@ -19,6 +19,13 @@ For users with a deployed team environment (`cdk deploy`) and a kubeconfig point
    and a tier-2 fault were both recovered. The smoke release is uninstalled on success (kept on failure,
    or with --keep, for inspection).
 
+With `--teams FILE` (the team: `--team`, default the namespace) a storage step runs first: a Job of one
+`python -m trainer.storage_probe` pod per node, all at once, writing and reading back files the size of one
+rank's checkpoint shard (one per GPU) on the team's FSx claim; the per-node and aggregate MB/s are printed
+against what the sizing package expects of the team's file system (tools/smoke_plan.py), and a figure
+below `--storage-fraction` of it fails the smoke run with the numbers. `--storage-local DIR` runs the same
+step here instead, `--local-nodes` probe processes at once against a local directory, and nothing else.
+
 A training Job of another release holding the GPU nodes (the infra release starts one) would keep the
 smoke pods pending: the tool refuses to start then, unless --suspend-running, which suspends those Jobs
 (their pods stop; they resume from their last checkpoint) and resumes them at the end.
@@ -43,15 +50,26 @@ from typing import Any
 
 import yaml
 
-from tools.kube_watch import Kube
+from sizing import size
+from sizing.teamfile import TeamSizingError, find_team, team_inputs
+from tools.kube_watch import Kube, release_selector
 from tools.smoke_plan import (
     CONTRACT_1_KEYS,
+    DEFAULT_PROBE_CAP_BYTES,
+    DEFAULT_PROBE_TIME_LIMIT_S,
+    DEFAULT_STORAGE_FRACTION,
     SmokeError,
     SmokePlan,
+    StorageExpectation,
     Verdict,
     evaluate,
+    evaluate_storage,
+    parse_probe_lines,
     parse_summary,
+    probe_args,
+    probe_job,
     smoke_values,
+    storage_expectation,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -115,11 +133,100 @@ def base_values(args: argparse.Namespace, helm: Helm) -> dict[str, Any]:
     return dict(base)
 
 
+def team_expectation(args: argparse.Namespace, nodes: int | None = None) -> StorageExpectation | None:
+    """The storage step's expectation: the team's sizing (--teams) or the aggregate given; None: no step."""
+    if args.teams is None and args.storage_expect_mbps is None:
+        return None
+    if args.teams is None:
+        count = nodes or args.local_nodes or 1
+        return StorageExpectation(
+            nodes=count,
+            files_per_node=args.storage_files or 1,
+            bytes_per_file=args.storage_cap_bytes,
+            aggregate_mbps=args.storage_expect_mbps,
+            fsx_mbps=args.storage_expect_mbps,
+            fraction=args.storage_fraction,
+        )
+    try:
+        data = yaml.safe_load(Path(args.teams).read_text(encoding="utf-8"))
+        sizing = size(team_inputs(find_team(data, args.team or args.namespace)))
+    except (OSError, yaml.YAMLError, TeamSizingError, ValueError) as exc:
+        raise SmokeError(f"--teams {args.teams}: {exc}".replace("\n", " ")) from None
+    exp = storage_expectation(sizing, args.storage_fraction, args.storage_cap_bytes, nodes)
+    if args.storage_expect_mbps is not None:
+        exp = StorageExpectation(
+            exp.nodes, exp.files_per_node, exp.bytes_per_file, args.storage_expect_mbps, exp.fsx_mbps,
+            exp.fraction,
+        )  # fmt: skip
+    if args.storage_files:
+        exp = StorageExpectation(
+            exp.nodes, args.storage_files, exp.bytes_per_file, exp.aggregate_mbps, exp.fsx_mbps, exp.fraction
+        )
+    return exp
+
+
+def local_storage_step(
+    exp: StorageExpectation, directory: Path, time_limit_s: float, log: Callable[[str], None] = print
+) -> Verdict:
+    """The storage step against a local directory: one probe process per "node", all at once."""
+    start_at = datetime.now(UTC).timestamp() + 1.0  # every process imports, then they start together
+    procs = []
+    for n in range(exp.nodes):
+        argv = probe_args(exp, str(directory / f"node-{n}"), time_limit_s, start_at)
+        argv[0] = sys.executable
+        procs.append(
+            subprocess.Popen(
+                [*argv, f"--node=local-{n}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    results, errors = [], []
+    for proc in procs:
+        out, err = proc.communicate(timeout=time_limit_s + 60)
+        results += parse_probe_lines(out)
+        if proc.returncode != 0:
+            errors.append(err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}")
+    if errors:
+        raise SmokeError(f"the storage probe failed: {errors[0]}")
+    return evaluate_storage(results, exp)
+
+
+def cluster_storage_step(
+    args: argparse.Namespace, kube: Kube, base: dict[str, Any], exp: StorageExpectation, run_name: str
+) -> Verdict:
+    """The storage step on the cluster: the probe Job (one pod per node at once), its lines, its verdict."""
+    release = f"{args.release}-storage"
+    job_name = f"{release}-{datetime.now(UTC):%H%M%S}"
+    start_at = datetime.now(UTC).timestamp() + args.storage_start_slack
+    body: Any = probe_job(base, exp, job_name, release, run_name, args.storage_time_limit, start_at)
+    kube.log(
+        f"storage step: job {job_name}, {exp.nodes} pods x {exp.files_per_node} files of "
+        f"{exp.bytes_per_file / 1e6:,.0f} MB on {base.get('storage', {}).get('claimName', 'fsx-shared')}"
+    )
+    kube.batch.create_namespaced_job(kube.namespace, body)
+    try:
+        outcome = kube.follow(
+            job_name, release, args.start_timeout, args.storage_time_limit + args.start_timeout
+        )
+        pods = kube.core.list_namespaced_pod(kube.namespace, label_selector=release_selector(release)).items
+        names = [str(pod.metadata.name) for pod in pods if pod.metadata is not None]
+        results = [r for name in names for r in parse_probe_lines(kube.pod_log(name, "probe"))]
+        verdict = evaluate_storage(results, exp)
+        if outcome.state != "complete":
+            verdict.ok = False
+            verdict.lines += [f"FAIL: storage: {e.describe()}" for e in outcome.failures]
+            verdict.lines.append(f"FAIL: storage: the probe Job ended {outcome.state}")
+        return verdict
+    finally:
+        kube.batch.delete_namespaced_job(job_name, kube.namespace, propagation_policy="Background")
+
+
 def smoke(args: argparse.Namespace, helm: Helm, kube: Kube, plan: SmokePlan) -> Verdict:
     """The whole smoke run against a cluster (see the module docstring)."""
     log = kube.log
     run_name = f"{args.release}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
-    values = smoke_values(base_values(args, helm), plan, run_name, args.nodes)
+    base = base_values(args, helm)
+    values = smoke_values(base, plan, run_name, args.nodes)
+    exp = team_expectation(args, int(values["nodes"]))
 
     busy = kube.active_trainer_jobs()
     if busy and not args.suspend_running:
@@ -131,6 +238,11 @@ def smoke(args: argparse.Namespace, helm: Helm, kube: Kube, plan: SmokePlan) -> 
         log(f"suspending job {job} for the smoke run")
         kube.set_suspended(job, True)
     try:
+        storage = cluster_storage_step(args, kube, base, exp, run_name) if exp is not None else None
+        if storage is not None:
+            log("\n".join(storage.lines))
+            if not storage.ok:
+                return storage  # the file system cannot carry the checkpoints: no training run on it
         log(
             f"installing release {args.release} (run {run_name}, {values['nodes']} nodes, "
             f"faults {values['faults']['soft']} and {values['faults']['hard']})"
@@ -150,6 +262,8 @@ def smoke(args: argparse.Namespace, helm: Helm, kube: Kube, plan: SmokePlan) -> 
         if test.returncode != 0:  # the node check (GPUs, EFA, FSx, NVMe) or the run summary failed
             verdict.ok = False
             verdict.lines.append(f"FAIL: helm test failed: {test.stderr.strip()}")
+        if storage is not None:
+            verdict.lines[:0] = storage.lines
         if verdict.ok and not args.keep:
             helm.run("uninstall", args.release, check=False)
             log(f"uninstalled {args.release} (its checkpoints and events stay on FSx under runs/{run_name})")
@@ -208,6 +322,39 @@ def make_parser() -> argparse.ArgumentParser:
         "--suspend-running", action="store_true", help="suspend other trainer Jobs during the smoke run"
     )
     parser.add_argument("--render-only", action="store_true", help="print the manifests; no cluster")
+    storage = parser.add_argument_group("storage step (trainer.storage_probe against the sizing)")
+    storage.add_argument("--teams", help="teams file: run the storage step with this team's sizing")
+    storage.add_argument("--team", help="the team in --teams (default: the namespace)")
+    storage.add_argument(
+        "--storage-fraction",
+        type=float,
+        default=DEFAULT_STORAGE_FRACTION,
+        help=f"fail below this share of the expected MB/s (default {DEFAULT_STORAGE_FRACTION})",
+    )
+    storage.add_argument(
+        "--storage-time-limit",
+        type=float,
+        default=DEFAULT_PROBE_TIME_LIMIT_S,
+        help=f"seconds each probe may take (default {DEFAULT_PROBE_TIME_LIMIT_S:g})",
+    )
+    storage.add_argument(
+        "--storage-cap-bytes",
+        type=int,
+        default=DEFAULT_PROBE_CAP_BYTES,
+        help="at most this many bytes per file, whatever the shard size",
+    )
+    storage.add_argument("--storage-files", type=int, help="files per node (default: GPUs per node)")
+    storage.add_argument(
+        "--storage-expect-mbps", type=float, help="expected aggregate MB/s instead of the sizing's"
+    )
+    storage.add_argument(
+        "--storage-start-slack",
+        type=float,
+        default=180.0,
+        help="seconds from creating the probe Job to the pods' common start (image pull, scheduling)",
+    )
+    storage.add_argument("--storage-local", help="run only the storage step, here, against this directory")
+    storage.add_argument("--local-nodes", type=int, default=2, help="probe processes with --storage-local")
     return parser
 
 
@@ -228,6 +375,13 @@ def main(
     args = make_parser().parse_args(argv)
     plan = SmokePlan()
     try:
+        if args.storage_local:
+            exp = team_expectation(args, args.local_nodes)
+            if exp is None:
+                raise SmokeError("--storage-local needs --teams (the sizing) or --storage-expect-mbps")
+            verdict = local_storage_step(exp, Path(args.storage_local), args.storage_time_limit)
+            print("\n".join(verdict.lines))
+            return 0 if verdict.ok else 1
         if args.render_only:
             return render_only(args, plan)
         api = api_client if api_client is not None else kube_client(args.context)

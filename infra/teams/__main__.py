@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     except TeamsConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # A configuration that works but reloads slowly: one warning line per team, on stderr (make synth
+    # sends stdout to /dev/null and goes on).
+    for team in teams:
+        for warning in team.storage_sizing.warnings:
+            print(f"warning: team {team.name}: {warning}", file=sys.stderr)
     print(f"{args.teams_file}: {len(teams)} team(s) valid: {', '.join(t.name for t in teams)}")
     return 0
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from infra.instance_types import GPU_INSTANCE_TYPES
 from infra.teams.aws_rules import (
     ACCOUNT,
     arn_problem,
@@ -15,11 +16,13 @@ from infra.teams.aws_rules import (
     team_name_problem,
 )
 from infra.teams.base import StrictModel
+from infra.teams.checkpoints import CheckpointConfig, sizing_inputs
 from infra.teams.errors import FieldError
 from infra.teams.network import NetworkConfig
 from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
 from infra.teams.observability import ObservabilityConfig
 from infra.teams.storage import FsxConfig
+from sizing.model import SizingResult, size
 
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
 
@@ -39,6 +42,8 @@ class TeamConfig(StrictModel):
     gpu_node_group: GpuNodeGroupConfig = GpuNodeGroupConfig()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     fsx: FsxConfig = FsxConfig()
+    checkpoints: CheckpointConfig = CheckpointConfig()
+    """The checkpoint cadence the file system is sized for (checked at synthesis; chart ckpt* values)."""
     observability: ObservabilityConfig = ObservabilityConfig()
     gpu_quota: Annotated[int, Field(ge=1)] | None = None
     """nvidia.com/gpu the team namespace may request; default: everything the GPU node group can hold."""
@@ -115,7 +120,29 @@ class TeamConfig(StrictModel):
                 ("start_trainer",), "true needs deploy_trainer: true (the trainer is not deployed)"
             )
         self._check_quota()
+        self._check_storage_sizing()
         return self
+
+    def _check_storage_sizing(self) -> None:
+        """FSx must write one checkpoint within the interval and hold `keep` of them (sizing package)."""
+        problems = self.storage_sizing.problems
+        if problems:
+            raise FieldError(("checkpoints",), f"team {self.name}: " + "; and ".join(problems))
+
+    @property
+    def storage_sizing(self) -> SizingResult:
+        """The sizing of this team's checkpoints on its file system and training nodes."""
+        instance = GPU_INSTANCE_TYPES[self.gpu_node_group.instance_type]
+        return size(
+            sizing_inputs(
+                self.checkpoints,
+                nodes=self.gpu_node_group.desired_nodes,
+                gpus_per_node=instance.gpus,
+                fsx_gib=self.fsx.storage_gib,
+                throughput_per_tib=self.fsx.throughput_per_tib,
+                nvme_gib_per_node=float(instance.nvme_devices * instance.nvme_gib_each),
+            )
+        )
 
     def _check_region_consistency(self) -> None:
         """AZs and ARNs must belong to the team's region and its partition."""

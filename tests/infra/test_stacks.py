@@ -430,6 +430,11 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
         "suspend",
         "networkPolicy",  # observability (tests/infra/test_observability.py)
         "podMonitor",
+        # the sized checkpoint cadence (tests/infra/test_sizing_teams.py)
+        "preset",
+        "ckptInterval",
+        "ckptKeep",
+        "ckptWriteTimeout",
     }
     assert set(values["image"]) == {"repository", "tag"} and values["image"]["tag"]
     assert ".dkr.ecr." in values["image"]["repository"]
@@ -441,6 +446,8 @@ def test_trainer_release_sets_exactly_contract_1(team: str, synth: SynthResult, 
     assert values["storage"] == {"claimName": "fsx-shared", "localNvmePath": "/mnt/nvme"}
     assert values["serviceAccountName"] == "trainer"
     assert values["suspend"] is (not config.start_trainer)
+    assert values["ckptInterval"] == config.checkpoints.steps_between_saves
+    assert values["ckptKeep"] == config.checkpoints.keep
 
 
 def test_no_trainer_release_when_disabled(templates: dict) -> None:

@@ -35,6 +35,9 @@ class FakeKubeApi:
         self.history: dict[str, list[tuple[float, str, dict[str, Any]]]] = {k: [] for k, _ in _PATHS.values()}
         self.logs: dict[tuple[str, str], str] = {}
         self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.created: list[dict[str, Any]] = []  # Job bodies POSTed, in order
+        self.deleted: list[str] = []  # Job names DELETEd
+        self.on_create: Any = None  # called with each created Job's body: the scenario plays out from it
         self.requests: list[str] = []
         self.lock = threading.Lock()
         self._serializer = client.ApiClient()
@@ -167,5 +170,26 @@ def _handler(api: FakeKubeApi) -> type[BaseHTTPRequestHandler]:
             api.add("job", "MODIFIED", model)
             (result,) = [j for j in api.current("job") if j["metadata"]["name"] == name]
             self._send(200, json.dumps(result).encode())
+
+        def do_POST(self) -> None:
+            parts, _ = self._parts()
+            assert parts[-1] == "jobs", f"unsupported create of {parts[-1]}"
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            api.created.append(body)
+            api.add(
+                "job", "ADDED", api._serializer.deserialize(json.dumps(body), "V1Job", "application/json")
+            )
+            if api.on_create is not None:
+                api.on_create(body)
+            self._send(201, json.dumps(body).encode())
+
+        def do_DELETE(self) -> None:
+            parts, _ = self._parts()
+            name = parts[-1]
+            api.deleted.append(name)
+            for job in [j for j in api.current("job") if j["metadata"]["name"] == name]:
+                model = api._serializer.deserialize(json.dumps(job), "V1Job", "application/json")
+                api.add("job", "DELETED", model)
+            self._send(200, json.dumps({"kind": "Status", "status": "Success"}).encode())
 
     return Handler
