@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 PACKAGES = ("infra", "trainer", "tools", "bench", "goodput")
 # What each package must never import (besides itself, any package not listed here may be imported).
@@ -75,6 +75,18 @@ def test_no_test_module_imports_another_test_module() -> None:
         for path in sorted((REPO_ROOT / "tests").rglob("*.py"))
         for name in sorted(imported_modules(path))
         if name.startswith("tests.") and any(part.startswith("test_") for part in name.split(".")[1:])
+    ]
+    assert offenders == []
+
+
+def test_nothing_imports_a_conftest() -> None:
+    # conftest.py holds fixtures, which pytest injects; helpers to import live in plain modules.
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)} imports {name}"
+        for path in sorted(REPO_ROOT.glob("[a-z]*/**/*.py"))
+        if ".venv" not in path.parts and "node_modules" not in path.parts
+        for name in sorted(imported_modules(path))
+        if name.split(".")[-1] == "conftest" or ".conftest." in name
     ]
     assert offenders == []
 

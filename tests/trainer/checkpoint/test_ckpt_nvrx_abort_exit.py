@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 # A stand-in for AsyncCallsQueue whose worker died: the same attributes abort_queue reads, real queues.
 SCRIPT = textwrap.dedent(

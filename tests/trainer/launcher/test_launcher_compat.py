@@ -17,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO_ROOT as REPO
 from trainer.resilience.compat import skip_idle_group_grace
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.slow
 

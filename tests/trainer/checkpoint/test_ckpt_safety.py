@@ -512,7 +512,7 @@ def test_one_checkpoint_config_behind_the_cli(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tests.conftest import REPO_ROOT
+    from tests.helpers import REPO_ROOT
     from trainer.checkpoint.config import CheckpointConfig as Direct
     from trainer.config import ConfigError, TrainConfig, config_from_args
     from trainer.data import write_synthetic_tokens

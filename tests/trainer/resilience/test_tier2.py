@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT as REPO
-from tests.conftest import free_port
+from tests.helpers import REPO_ROOT as REPO
+from tests.helpers import free_port
 from tools.localpods import LocalJob, node_places, node_pod_spec
 from tools.podcommand import LocalPlaces, pod_argv
 from trainer.resilience.heartbeat import RANK_MONITOR_SOCKET_ENV, Heartbeat
@@ -92,7 +92,7 @@ def _run_child(code: str, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
         [sys.executable, str(script), str(tmp_path), *args],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO_ROOT as REPO
 from trainer.prefork import PID_ENV, SOCKET_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 READY_S = 180.0
 
 PROBE = """

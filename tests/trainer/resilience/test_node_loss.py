@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 from tools.localpods import LocalJob, PodSpec
 
 # The kill comes at step 4-6 (the first commit, nvrx's, lands a few steps after the save of step 2): 14

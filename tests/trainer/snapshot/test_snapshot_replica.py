@@ -1,7 +1,7 @@
 """Peer replicas, one process: the ring mapping (trainer/snapshot/ring.py) and the replication channel
 (replica_net.py + replica_shelf.py) between two shelves on real sockets: a replica lands whole and
 verified, a damaged transfer or file is refused and the previous replica stays, GET returns it whole.
-The multi-rank restore from a peer is tests/trainer/test_snapshot_peer_restore.py.
+The multi-rank restore from a peer is tests/trainer/snapshot/test_snapshot_peer_restore.py.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 from tools.localpods import LocalJob, PodSpec
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART
 from trainer.resilience.progress import ITERATION_FILE, write_iteration_file

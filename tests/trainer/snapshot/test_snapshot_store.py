@@ -1,7 +1,7 @@
 """Snapshot store (trainer/snapshot/store.py): round trip, double buffering, checksums, refusals.
 
 One process, a plain model with AdamW: the store only sees a checkpoint save dict (FSDP2 shards are
-plain local tensors to it; tests/trainer/test_snapshot_dist.py covers the sharded case).
+plain local tensors to it; tests/trainer/snapshot/test_snapshot_dist.py covers the sharded case).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tests.trainer._jobs import RUN_VALUES, assert_completed, log_tail, of, read_events, run_job
 from tools.podcommand import LocalPlaces, pod_argv
 

@@ -2,7 +2,7 @@
 heartbeat timeout: the real pod command (ft_launcher + trainer, 2 ranks, tier 1 off) with the suite's
 static timeout (70 s), steps of 0.1-1.5 s and an 8 s floor (well above a healthy step on a loaded
 machine); both ranks stop making progress in Python, so nothing but the launcher heartbeat can notice.
-Persistence across a worker restart: tests/trainer/test_hang_timeout.py."""
+Persistence across a worker restart: tests/trainer/resilience/test_hang_timeout.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tests.trainer._jobs import RUN_VALUES, log_tail, of, read_events, run_job
 from tools.podcommand import LocalPlaces, pod_argv
 

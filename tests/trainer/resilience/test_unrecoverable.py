@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from tests.trainer._jobs import (
     assert_completed,
     log_tail,
