@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainer import prefork
+from trainer.launcher import prefork
 from trainer.config import TrainConfig
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.failures import drop_frames, one_line, refused_resume

@@ -3,7 +3,7 @@
 NVRx's persistent worker reads its requests from multiprocessing queues. When the worker is killed with a
 request still buffered, the queue's feeder thread blocks on a full pipe that nobody reads, and Python's
 exit joins that thread: a trainer that completed after a tier-1 abort stayed alive (seen in a full suite:
-90 minutes after its run_end). compat.abort_queue must release those queues.
+90 minutes after its run_end). nvrx_async.abort_queue must release those queues.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ SCRIPT = textwrap.dedent(
     import sys
     from types import SimpleNamespace
 
-    from trainer.resilience import compat
+    from trainer.checkpoint import nvrx_async
 
     caller = SimpleNamespace(process=None, queue=mp.JoinableQueue(), preload_q=mp.JoinableQueue(),
                              comp_q=mp.Queue())
     caller.queue.put(b"x" * (4 << 20))  # more than a pipe holds: the feeder thread blocks in write()
     queue = SimpleNamespace(persistent_caller=caller, async_calls=[])
     if sys.argv[1] == "abort":
-        compat.abort_queue(queue)
+        nvrx_async.abort_queue(queue)
     print("done", flush=True)
     """
 )

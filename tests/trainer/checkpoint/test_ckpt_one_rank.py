@@ -236,7 +236,7 @@ def test_hanging_writer_times_out(tmp_path: Path, one_rank: Any, monkeypatch: py
 
 
 def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: Any) -> None:
-    from trainer.resilience import compat
+    from trainer.checkpoint import nvrx_async
 
     state = make_state(one_rank)
     mgr = _manager(tmp_path, "nvrx", write_timeout_s=60.0)
@@ -244,7 +244,7 @@ def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: An
         train_step(state, 0)
         mgr.save(0, state)
         mgr.wait()
-        worker = compat.worker_process(mgr._backend._queue_in_use)
+        worker = nvrx_async.worker_process(mgr._backend._queue_in_use)
         worker.kill()  # e.g. the OOM killer; NVRx itself would now wait forever
         worker.join(10)
         train_step(state, 1)
@@ -270,14 +270,14 @@ def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: An
 def test_compat_preload_rebinding_only_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import functools
 
-    from trainer.resilience import compat
+    from trainer.checkpoint import nvrx_async
 
     def preload(buckets: Any, non_blocking: bool) -> Any:
         return (buckets, non_blocking)
 
     fn = functools.partial(preload, ["b"], True)
-    monkeypatch.setattr(compat, "cuda_available", lambda: False)
-    assert compat.cpu_safe_preload(fn)() == (["b"], False)  # 0.4.1 would call torch.cuda.synchronize()
-    assert compat.cpu_safe_preload(None) is None
-    monkeypatch.setattr(compat, "cuda_available", lambda: True)
-    assert compat.cpu_safe_preload(fn) is fn  # a pass-through where CUDA exists
+    monkeypatch.setattr(nvrx_async, "cuda_available", lambda: False)
+    assert nvrx_async.cpu_safe_preload(fn)() == (["b"], False)  # 0.4.1 would call torch.cuda.synchronize()
+    assert nvrx_async.cpu_safe_preload(None) is None
+    monkeypatch.setattr(nvrx_async, "cuda_available", lambda: True)
+    assert nvrx_async.cpu_safe_preload(fn) is fn  # a pass-through where CUDA exists

@@ -306,14 +306,14 @@ def test_torch_async_writer_writes_nothing_after_abort(
 def test_nvrx_writer_is_gone_after_abort(tmp_path: Path, mesh: Any) -> None:
     import psutil
 
-    from trainer.resilience import compat
+    from trainer.checkpoint import nvrx_async
 
     root = tmp_path / "ckpt"
     state = _objects(mesh)
     mgr = _manager(root, "nvrx")
     _train_step(state, 0)
     mgr.save(0, state)
-    worker = compat.worker_process(mgr._backend._queue_in_use)
+    worker = nvrx_async.worker_process(mgr._backend._queue_in_use)
     procs = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
     for proc in procs:
         proc.send_signal(signal.SIGSTOP)  # frozen mid-write: slow storage
@@ -411,8 +411,7 @@ def test_a_failed_save_is_reported_and_training_goes_on(tmp_path: Path, mesh: An
 
 
 def test_nvrx_saves_again_after_a_failed_save_on_the_same_manager(tmp_path: Path, mesh: Any) -> None:
-    from trainer.checkpoint import CheckpointWriteError
-    from trainer.resilience import compat
+    from trainer.checkpoint import CheckpointWriteError, nvrx_async
 
     root = tmp_path / "ckpt"
     state = _objects(mesh)
@@ -421,7 +420,7 @@ def test_nvrx_saves_again_after_a_failed_save_on_the_same_manager(tmp_path: Path
         _train_step(state, 0)
         mgr.save(0, state)
         mgr.wait()
-        worker = compat.worker_process(mgr._backend._queue_in_use)
+        worker = nvrx_async.worker_process(mgr._backend._queue_in_use)
         worker.kill()  # the OOM killer, say: this save fails...
         worker.join(10)
         _train_step(state, 1)

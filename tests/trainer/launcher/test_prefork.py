@@ -1,4 +1,5 @@
-"""trainer/prefork: a worker forked by the pod's zygote behaves, to the launcher, as a cold one would.
+"""trainer/launcher/prefork: a worker forked by the pod's zygote behaves, to the launcher, as a cold one
+would.
 
 One real zygote (the preloaded trainer) serves the module's tests; each test starts workers through the
 real client, the way ft_launcher does (`python -m ...` with the zygote's socket in the environment).
@@ -19,18 +20,18 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
-from trainer.prefork import PID_ENV, SOCKET_ENV
+from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
 
 READY_S = 180.0
 
 PROBE = """
 import json, os, signal, sys, time
-import trainer.prefork
+import trainer.launcher.prefork
 mode = sys.argv[1]
 if mode == "report":
     print(json.dumps({
         "argv": sys.argv[1:], "cwd": os.getcwd(), "probe": os.environ.get("PROBE"),
-        "pid": os.getpid(), "ppid": os.getppid(), "launcher": trainer.prefork.launcher_pid(),
+        "pid": os.getpid(), "ppid": os.getppid(), "launcher": trainer.launcher.prefork.launcher_pid(),
         "torch_preloaded": "torch" in sys.modules, "socket_env": os.environ.get("TRAINER_PREFORK_SOCKET"),
     }), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
@@ -47,7 +48,8 @@ while True:
 """
 
 CLIENT = (
-    "import sys; from trainer.prefork.client import run_forked; sys.exit(run_forked('probe', sys.argv[1:]))"
+    "import sys; from trainer.launcher.prefork.client import run_forked; "
+    "sys.exit(run_forked('probe', sys.argv[1:]))"
 )
 
 
@@ -64,7 +66,7 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     """A zygote whose parent is this test process; the environment a worker needs to reach it."""
     sock = tmp_path_factory.mktemp("zy") / "z.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.prefork.server", str(sock), str(os.getpid())],
+        [sys.executable, "-m", "trainer.launcher.prefork.server", str(sock), str(os.getpid())],
         cwd=REPO,
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -171,7 +173,7 @@ def test_without_a_live_zygote_the_worker_starts_cold(tmp_path: Path) -> None:
 
 def test_the_wrapper_execs_the_command_and_the_zygote_dies_with_it(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer.prefork", "--", "sh", "-c", f'echo "$$ ${PID_ENV} ${SOCKET_ENV}"'],
+        [sys.executable, "-m", "trainer.launcher", "--", "sh", "-c", f'echo "$$ ${PID_ENV} ${SOCKET_ENV}"'],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -189,7 +191,7 @@ def test_the_wrapper_execs_the_command_and_the_zygote_dies_with_it(tmp_path: Pat
 
 def test_the_wrapper_refuses_a_missing_command() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer.prefork", "--", "no-such-launcher-here"],
+        [sys.executable, "-m", "trainer.launcher", "--", "no-such-launcher-here"],
         cwd=REPO,
         capture_output=True,
         text=True,

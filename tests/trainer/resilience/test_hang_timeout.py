@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from trainer.resilience.compat import TIMEOUTS_STATE_KEY, heartbeat_timeout_from_state
 from trainer.resilience.hangtimeout import HangPolicy, StepIntervals, effective_warmup, load_timeout
 from trainer.resilience.heartbeat import Heartbeat
+from trainer.resilience.nvrx_rank_monitor import TIMEOUTS_STATE_KEY, heartbeat_timeout_from_state
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 
 
@@ -189,7 +189,7 @@ def test_state_key_and_layout_are_nvrx_s() -> None:
     from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts
     from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClient
 
-    from trainer.resilience.compat import heartbeat_state
+    from trainer.resilience.nvrx_rank_monitor import heartbeat_state
 
     assert RankMonitorClient.CURRENT_TIMEOUTS_STATE_KEY == TIMEOUTS_STATE_KEY
     state = heartbeat_state(120.0, 4.5, True)
@@ -197,6 +197,26 @@ def test_state_key_and_layout_are_nvrx_s() -> None:
     assert heartbeat_timeout_from_state(state) == 4.5
     assert heartbeat_timeout_from_state(heartbeat_state(120.0, 60, False)) is None  # static: not kept
     assert heartbeat_timeout_from_state({"other": 1}) is None
+
+
+def test_the_rank_monitor_client_still_has_no_public_timeout_setter() -> None:
+    """Canary of trainer/resilience/nvrx_rank_monitor.py (docs/nvrx-rank-monitor-timeouts.md): NVRx's
+    client can only calculate its own heartbeat timeouts, so ours go through its state protocol. Fails
+    once NVRx adds a public setter or lets the calculation take a floor: then use that instead."""
+    import inspect
+
+    from nvidia_resiliency_ext.fault_tolerance.rank_monitor_client import RankMonitorClient
+
+    public = {n for n in dir(RankMonitorClient) if "timeout" in n.lower() and not n.startswith("_")}
+    assert public == {
+        "CURRENT_TIMEOUTS_STATE_KEY",
+        "calculate_and_set_hb_timeouts",
+        "calculate_and_set_section_timeouts",
+    }
+    assert list(inspect.signature(RankMonitorClient.calculate_and_set_hb_timeouts).parameters) == [
+        "self",
+        "skip_if_not_ready",
+    ]
 
 
 @pytest.mark.parametrize(

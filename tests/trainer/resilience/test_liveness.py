@@ -1,6 +1,7 @@
-"""Node liveness while a worker group starts (trainer/resilience/liveness.py): the launcher's beat, the
-worker's watch of its round, and NVRx's initial barrier giving up on a node that stopped beating
-(trainer/resilience/inprocess.py: WrapperStore) instead of waiting the whole barrier timeout.
+"""Node liveness while a worker group starts (trainer/resilience/liveness.py): the worker's watch of its
+round, and NVRx's initial barrier giving up on a node that stopped beating (trainer/resilience/inprocess.py:
+WrapperStore) instead of waiting the whole barrier timeout. The launcher's beat on its own:
+tests/trainer/launcher/test_beat.py.
 
 The stores are real TCPStores on free local ports; the barrier is NVRx's own.
 """
@@ -8,7 +9,6 @@ The stores are real TCPStores on free local ports; the barrier is NVRx's own.
 from __future__ import annotations
 
 import time
-import types
 from datetime import timedelta
 
 import pytest
@@ -16,17 +16,15 @@ import torch.distributed as dist
 from nvidia_resiliency_ext.inprocess.store import BarrierTimeout
 
 from tools.ports import free_port
-from trainer.resilience.compat import beat_after_rendezvous
+from trainer.launcher.beat import LauncherBeat
 from trainer.resilience.inprocess import WrapperStore
 from trainer.resilience.liveness import (
     LIVENESS_STORE_ENV,
-    LauncherBeat,
     NodeLost,
     RoundWatch,
     liveness_key,
     lost_key,
     parse_endpoint,
-    rdzv_endpoint,
 )
 
 
@@ -46,54 +44,12 @@ class FakeClock:
         return self.now
 
 
-def test_the_endpoint_is_taken_from_either_spelling_of_the_launcher_flag() -> None:
-    assert (
-        rdzv_endpoint(["--nnodes=2", "--rdzv-endpoint=pod-0.svc:29500", "-m", "trainer"]) == "pod-0.svc:29500"
-    )
-    assert rdzv_endpoint(["--rdzv_endpoint", "10.0.0.1:1234"]) == "10.0.0.1:1234"
-    assert rdzv_endpoint(["--nnodes=2", "-m", "trainer"]) is None
+def test_endpoints_are_host_and_port_and_the_field_is_named() -> None:
     assert parse_endpoint("pod-0.svc:29500") == ("pod-0.svc", 29500)
     assert parse_endpoint("[::1]:29500") == ("::1", 29500)
     for bad in ("pod-0.svc", "pod-0.svc:", ":29500", "host:port", "host:70000"):
         with pytest.raises(ValueError, match=f"^{LIVENESS_STORE_ENV}: expected host:port"):
             parse_endpoint(bad)
-
-
-def test_the_launcher_beats_only_while_its_node_is_active() -> None:
-    master, endpoint = _master()
-    beat = LauncherBeat(endpoint, interval_s=0.05)
-    try:
-        beat.serve(cycle=3, group_rank=1)
-        key = liveness_key(3, 1)
-        # Sent before serve returns, so before the workers start (a TCPStore set is not acknowledged:
-        # another connection may see it a moment later).
-        master.wait([key], timedelta(seconds=2))
-        first = master.get(key)
-        time.sleep(0.3)
-        assert master.get(key) != first, "the beat did not change"
-        beat.pause()  # the node entered the next rendezvous
-        time.sleep(0.5)  # a beat already past the pause check may still land (its I/O is outside the lock)
-        paused = master.get(key)
-        time.sleep(0.3)
-        assert master.get(key) == paused, "a paused launcher still beats for its old round"
-        beat.serve(cycle=4, group_rank=0)
-        master.wait([liveness_key(4, 0)], timedelta(seconds=2))
-    finally:
-        beat.stop()
-
-
-def test_a_launcher_whose_store_is_gone_keeps_trying_without_raising() -> None:
-    calls: list[str] = []
-
-    def unreachable(endpoint: str) -> None:
-        calls.append(endpoint)
-        raise RuntimeError("connection refused")
-
-    beat = LauncherBeat("127.0.0.1:1", interval_s=0.02, store_factory=unreachable)
-    beat.serve(cycle=0, group_rank=0)
-    time.sleep(0.2)
-    beat.stop()
-    assert len(calls) >= 3
 
 
 def test_the_watch_raises_for_a_node_that_stopped_beating_after_the_timeout() -> None:
@@ -168,7 +124,7 @@ def test_only_local_rank_0_of_the_first_two_nodes_watches(monkeypatch: pytest.Mo
     assert all(w is not None for w in roles.values())
     watchers = sorted(k for k, w in roles.items() if w is not None and w.watches_nodes)
     assert watchers == [(0, 0), (1, 0)]
-    assert RoundWatch.from_env(3.0, {"GROUP_RANK": "0"}) is None  # not under trainer.resilience.launch
+    assert RoundWatch.from_env(3.0, {"GROUP_RANK": "0"}) is None  # not under trainer.launcher.ft
 
 
 def _barrier_store(monkeypatch: pytest.MonkeyPatch, liveness_timeout: float | None) -> WrapperStore:
@@ -238,45 +194,3 @@ def test_without_a_beating_launcher_the_barrier_is_nvrx_own(monkeypatch: pytest.
     with pytest.raises(BarrierTimeout):
         store.initial_barrier(ranks=[0], rendezvous_count=2, timeout=timedelta(seconds=3))
     assert time.monotonic() - start >= 3.0
-
-
-class _Agent:
-    def __init__(self, round_id: int) -> None:
-        self._rdzv_handler = types.SimpleNamespace(round=lambda: round_id)
-        self.calls: list[str] = []
-
-    def _rendezvous(self, worker_group: object) -> str:
-        self.calls.append("rendezvous")
-        return "done"
-
-
-class _RecordingBeat:
-    def __init__(self) -> None:
-        self.events: list[tuple] = []
-
-    def pause(self) -> None:
-        self.events.append(("pause",))
-
-    def serve(self, cycle: int, group_rank: int) -> None:
-        self.events.append(("serve", cycle, group_rank))
-
-
-def test_the_launcher_pauses_its_beat_in_a_rendezvous_and_serves_the_round_it_got() -> None:
-    module = types.SimpleNamespace(LocalElasticAgent=type("Agent", (_Agent,), {}))
-    beat = _RecordingBeat()
-    assert beat_after_rendezvous(module, beat)
-    assert beat_after_rendezvous(module, beat)  # patching twice wraps once
-    agent = module.LocalElasticAgent(round_id=4)
-    assert agent._rendezvous(types.SimpleNamespace(group_rank=1)) == "done"
-    assert agent.calls == ["rendezvous"]
-    assert beat.events == [("pause",), ("serve", 4, 1)]
-    assert not beat_after_rendezvous(types.SimpleNamespace(), beat)  # an NVRx without the agent method
-
-
-def test_the_installed_nvrx_has_what_the_beat_hooks_into() -> None:
-    """An NVRx upgrade that renames the agent's rendezvous step or the handler's round fails here."""
-    from nvidia_resiliency_ext.fault_tolerance import launcher
-    from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import FtRendezvousBarrierHandler
-
-    assert callable(getattr(launcher.LocalElasticAgent, "_rendezvous", None))
-    assert callable(getattr(FtRendezvousBarrierHandler, "round", None))

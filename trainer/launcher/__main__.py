@@ -1,7 +1,8 @@
-"""`python -m trainer.prefork COMMAND...`: start the pod's zygote, then exec COMMAND (ft_launcher).
+"""`python -m trainer.launcher COMMAND...`: the trainer container's command (Contract 2 of docs/design.md):
+start the pod's zygote (trainer/launcher/prefork/), then exec COMMAND (ft_launcher).
 
-ft_launcher is exec'd as `python -m trainer.resilience.launch <its path> ...`: NVRx's launcher in the
-same process, with the launcher-side workaround of trainer/resilience/compat.py applied.
+ft_launcher is exec'd as `python -m trainer.launcher.ft <its path> ...`: NVRx's launcher in the same
+process, with the launcher patches of trainer/launcher/patches.py applied.
 
 The exec keeps COMMAND the container's main process (signals from the kubelet reach it as before); the
 zygote is its child and dies with it. The zygote's socket lives in a fresh 0700 directory under the
@@ -16,28 +17,28 @@ import subprocess
 import sys
 import tempfile
 
-from trainer.prefork import PID_ENV, SOCKET_ENV
+from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
 
 
 def main(argv: list[str]) -> int:
     command = argv[1:] if argv[:1] == ["--"] else argv
     if not command:
-        print("usage: python -m trainer.prefork [--] COMMAND [ARG...]", file=sys.stderr)
+        print("usage: python -m trainer.launcher [--] COMMAND [ARG...]", file=sys.stderr)
         return 2
     found = shutil.which(command[0])
     if found is None:
-        print(f"prefork: {command[0]}: command not found", file=sys.stderr)
+        print(f"trainer.launcher: {command[0]}: command not found", file=sys.stderr)
         return 127
     path = os.path.join(tempfile.mkdtemp(prefix="trainer-prefork-"), "zygote.sock")
     zygote = subprocess.Popen(
-        [sys.executable, "-m", "trainer.prefork.server", path, str(os.getpid())],
+        [sys.executable, "-m", "trainer.launcher.prefork.server", path, str(os.getpid())],
         stdin=subprocess.DEVNULL,
     )
     os.environ[SOCKET_ENV] = path
     os.environ[PID_ENV] = str(zygote.pid)
     if os.path.basename(command[0]) == "ft_launcher":
-        # NVRx's launcher with the launcher-side workaround of trainer/resilience/compat.py (launch.py).
-        os.execv(sys.executable, [sys.executable, "-m", "trainer.resilience.launch", found, *command[1:]])
+        # NVRx's launcher with the patches of trainer/launcher/patches.py (ft.py).
+        os.execv(sys.executable, [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]])
     os.execvp(command[0], command)
     return 127  # pragma: no cover - execvp returns only by raising
 

@@ -1,19 +1,19 @@
-"""`python -m trainer.resilience.launch FT_LAUNCHER [ARG...]`: NVRx's ft_launcher, in this process, with
-three launcher-side additions of trainer/resilience/compat.py:
+"""`python -m trainer.launcher.ft FT_LAUNCHER [ARG...]`: NVRx's ft_launcher, in this process, with the
+launcher patches of trainer/launcher/patches.py:
 
 * `skip_idle_group_grace`: no 1 s sleep after stopping a worker group that has already exited;
 * `sync_before_round_wait`: no 1 s sleep in the rendezvous' Step 0 before joining a round that is
   already open (both: docs/nvrx-restart-sleeps.md);
-* `beat_after_rendezvous`: this node's liveness beat (trainer/resilience/liveness.py) in the rendezvous
+* `beat_after_rendezvous`: this node's liveness beat (trainer/launcher/beat.py) in the rendezvous
   store while it is an active node, so that the workers of a starting group notice a node of their
   round that was lost before its workers came (a hot spare killed while it joins) within their
   liveness timeout instead of the barrier timeout. The workers find the store through
   TRAINER_LIVENESS_STORE, set here from `--rdzv-endpoint` before NVRx starts any of them.
 
-The prefork wrapper (trainer/prefork/__main__.py) execs this instead of the `ft_launcher` script it was
-given (Contract 2). FT_LAUNCHER stays in the process's command line, so the launcher and the rank
-monitors it forks are still found as "ft_launcher" processes; argv[0] becomes it, and NVRx's own `main`
-parses the rest exactly as the script would.
+The pod's wrapper (`python -m trainer.launcher`, trainer/launcher/__main__.py) execs this instead of the
+`ft_launcher` script it was given (Contract 2). FT_LAUNCHER stays in the process's command line, so the
+launcher and the rank monitors it forks are still found as "ft_launcher" processes; argv[0] becomes it,
+and NVRx's own `main` parses the rest exactly as the script would.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import sys
 
 def main(argv: list[str]) -> int:
     if not argv:
-        print("usage: python -m trainer.resilience.launch FT_LAUNCHER [ARG...]", file=sys.stderr)
+        print("usage: python -m trainer.launcher.ft FT_LAUNCHER [ARG...]", file=sys.stderr)
         return 2
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
 
-    from trainer.resilience.compat import beat_after_rendezvous, skip_idle_group_grace, sync_before_round_wait
-    from trainer.resilience.liveness import LIVENESS_STORE_ENV, LauncherBeat, parse_endpoint, rdzv_endpoint
+    from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
+    from trainer.launcher.patches import beat_after_rendezvous, skip_idle_group_grace, sync_before_round_wait
+    from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
 
     skip_idle_group_grace(launcher)
     sync_before_round_wait(ft_rendezvous_barrier)
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
         if endpoint:
             parse_endpoint(endpoint, "--rdzv-endpoint")
     except ValueError as exc:  # e.g. a host without a port, which NVRx completes itself: no beats
-        print(f"trainer.resilience.launch: node liveness off: {exc}", file=sys.stderr)
+        print(f"trainer.launcher.ft: node liveness off: {exc}", file=sys.stderr)
         endpoint = None
     if endpoint and beat_after_rendezvous(launcher, LauncherBeat(endpoint)):
         os.environ[LIVENESS_STORE_ENV] = endpoint

@@ -1,6 +1,7 @@
-"""The zygote: import the trainer once, then fork one worker per request (see trainer/prefork/__init__).
+"""The zygote: import the trainer once, then fork one worker per request (see
+trainer/launcher/prefork/__init__).
 
-`python -m trainer.prefork.server SOCKET PARENT_PID` imports PRELOAD, binds SOCKET (mode 0600, in a
+`python -m trainer.launcher.prefork.server SOCKET PARENT_PID` imports PRELOAD, binds SOCKET (mode 0600, in a
 0700 directory the wrapper made) and serves until its parent (ft_launcher) dies. It stays
 single-threaded, so a fork copies no lock held by another thread; each child drops everything of the
 server, takes the client's stdio, environment, working directory and argv, and runs the module as
@@ -23,8 +24,8 @@ import threading
 import time
 from typing import Any
 
-import trainer.prefork
-from trainer.prefork import PID_ENV, SOCKET_ENV, wire
+import trainer.launcher.prefork
+from trainer.launcher.prefork import PID_ENV, SOCKET_ENV, wire
 
 PRELOAD = (
     # The worker's entry point (sets TORCH_CPP_LOG_LEVEL before torch loads) and everything the run
@@ -186,7 +187,7 @@ def run_module(request: dict[str, Any]) -> int:
     import runpy
 
     module, argv, env, cwd = request["module"], request["argv"], request["env"], request["cwd"]
-    trainer.prefork._launcher_pid = int(request["launcher_pid"])
+    trainer.launcher.prefork._launcher_pid = int(request["launcher_pid"])
     os.chdir(cwd)
     os.environ.clear()
     # Without the zygote's address: this process is the worker, and `python -m trainer` run below must
@@ -250,7 +251,7 @@ def _die_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m trainer.prefork.server SOCKET PARENT_PID", file=sys.stderr)
+        print("usage: python -m trainer.launcher.prefork.server SOCKET PARENT_PID", file=sys.stderr)
         return 2
     path, parent_pid = argv[0], int(argv[1])
     _die_with_parent()

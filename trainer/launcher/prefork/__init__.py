@@ -7,7 +7,7 @@ on the demo's node loss that import was the largest phase of the recovery. A pro
 imported everything and forks a child per worker start skips it: the child begins with the modules
 loaded and only builds the process group, the model and restores.
 
-How it fits (Contract 2 of docs/design.md): the container runs `python -m trainer.prefork ft_launcher
+How it fits (Contract 2 of docs/design.md): the container runs `python -m trainer.launcher ft_launcher
 ...`. That wrapper starts the zygote (`server.py`) and then execs ft_launcher, so the launcher is the
 container's main process exactly as before and the zygote is its child (it dies with it). The launcher
 still starts each worker as `python -m trainer ...`; that process (`client.py`) sees the zygote's socket

@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from trainer.prefork import PID_ENV, SOCKET_ENV, wire
+from trainer.launcher.prefork import PID_ENV, SOCKET_ENV, wire
 
 READY_WAIT_S = 180.0
 """How long a worker waits for a zygote that is still importing (it is alive, its socket not bound yet).
