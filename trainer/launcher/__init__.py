@@ -13,5 +13,6 @@ docs/design.md), and the zygote it starts:
 
 May import the rest of the trainer (resilience/liveness.py for the beat's keys); nothing in the trainer
 imports this package except, for `prefork`'s environment names, `forked()` and `launcher_pid()`, the
-worker's entry point, the run's start event and the faults. Modules are imported where used, not here: a worker imports `prefork` at start-up.
+worker's entry point, the run's start event and the faults. Modules are imported where used, not here:
+a worker imports `prefork` at start-up.
 """
