@@ -10,14 +10,22 @@ import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from bench.recovery import Scenario
+
+class MeasuredScenario(Protocol):
+    """What the figures need of a scenario (bench.recovery.Scenario has it): its name, and whether the
+    whole pod is started again after the launcher gives up (then the pod's exit is the detection)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def job_restarts(self) -> int: ...
 
 
 def measure(
-    out_dir: Path, sc: Scenario, t_launch: float, exits: Sequence[dict[str, float]], rc: int | None
+    out_dir: Path, sc: MeasuredScenario, t_launch: float, exits: Sequence[dict[str, float]], rc: int | None
 ) -> dict[str, Any]:
     """Recovery figures of one run from its event files (and the pod exits, for a full restart)."""
     from trainer.metrics import read_events, summarize

@@ -244,7 +244,7 @@ class Driver:
     def workers(self) -> set[int]:
         """Pod 0's worker processes (`python -u -m trainer`, children of its launcher)."""
         launcher = self.job.pod(0).pid
-        return {  # not the prefork zygote (`-m trainer.prefork.server`), also the launcher's child
+        return {  # not the prefork zygote (`-m trainer.launcher.prefork.server`), also the launcher's child
             p
             for p in self.job.pod(0).processes()
             if _ppid(p) == launcher and " -m trainer " in f"{_cmdline(p)} "

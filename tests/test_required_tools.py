@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRE_TOOLS_ENV, require_tool
+from tests.helpers import REQUIRE_TOOLS_ENV, require_tool
 
 
 def test_missing_tool_fails_under_make_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,7 @@
 and the benchmarks, so what they run cannot drift from what a pod runs (Contract 2 of docs/design.md).
 
 ``pod_argv(values, places)`` renders k8s/ with ``helm template`` and the given chart values, takes the
-trainer container's argv (``[python -m trainer.prefork] ft_launcher ... -m trainer ...``) and expands
+trainer container's argv (``[python -m trainer.launcher] ft_launcher ... -m trainer ...``) and expands
 its ``$(VAR)`` references the way the kubelet does, with the env entries that name cluster places
 (rendezvous endpoint, data, checkpoint and output paths) swapped for local ones; ``ft_launcher`` and
 ``python`` come from this virtualenv.
@@ -107,7 +107,7 @@ def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
 
 def launcher_argv(argv: list[str]) -> list[str]:
     """`argv` from the launcher on: a pod command without the preforkWorkers wrapper in front."""
-    return argv[3:] if argv[1:3] == ["-m", "trainer.prefork"] else argv
+    return argv[3:] if argv[1:3] == ["-m", "trainer.launcher"] else argv
 
 
 def trainer_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:

@@ -107,7 +107,7 @@ def describe(p: dict[str, float]) -> str:
 
 def warm_starts(events: Sequence[dict[str, Any]], t_fault: float, t_end: float) -> tuple[int, int]:
     """(forked, all) of the worker processes started between the fault and `t_end`: how many skipped
-    the imports because their pod's zygote forked them (run_start's `forked`, trainer/prefork)."""
+    the imports because their pod's zygote forked them (run_start's `forked`, trainer/launcher/prefork)."""
     starts = {
         (int(e["rank"]), int(e["pid"])): bool(e.get("forked"))
         for e in events

@@ -73,10 +73,10 @@ def error_line_safe(text: str) -> str:
 
 
 if __name__ == "__main__":
-    from trainer.prefork import SOCKET_ENV  # light: the worker's own imports come after
+    from trainer.launcher.prefork import SOCKET_ENV  # light: the worker's own imports come after
 
     if os.environ.get(SOCKET_ENV):  # a warm start: the pod's zygote forks the worker
-        from trainer.prefork.client import run_forked
+        from trainer.launcher.prefork.client import run_forked
 
         forked = run_forked("trainer", sys.argv[1:])
         if forked is not None:

@@ -241,7 +241,7 @@ def _lose_node() -> None:
     (LocalPod and Kubernetes containers start it that way): otherwise the group could be a test runner's,
     and only this process dies.
     """
-    from trainer.prefork import launcher_pid
+    from trainer.launcher.prefork import launcher_pid
 
     agent = launcher_pid()  # a prefork worker's parent is the pod's zygote, not the launcher
     if os.environ.get("TORCHELASTIC_RUN_ID") and agent > 1:

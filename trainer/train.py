@@ -19,11 +19,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainer import prefork
 from trainer.config import TrainConfig
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.failures import drop_frames, one_line, refused_resume
 from trainer.faults import FaultInjector, resolve_ranks
+from trainer.launcher import prefork
 from trainer.metrics import EventLog, write_summary
 from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports

@@ -292,9 +292,9 @@ spec:
     - name: trainer
       image: {{ include "trainer.image" . | quote }}
       imagePullPolicy: {{ $v.image.pullPolicy | quote }}
-      {{- /* Contract 2: with preforkWorkers, trainer.prefork starts the pod's zygote and execs ft_launcher. */}}
+      {{- /* Contract 2: with preforkWorkers, trainer.launcher starts the pod's zygote and execs ft_launcher. */}}
       {{- if $v.preforkWorkers }}
-      command: [python, -m, trainer.prefork]
+      command: [python, -m, trainer.launcher]
       args:
         - ft_launcher
         {{- include "trainer.args" . | nindent 8 }}

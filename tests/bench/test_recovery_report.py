@@ -113,7 +113,7 @@ def test_config_rejects_a_fault_without_recompute():
 def test_pod_command_follows_contract_2(tmp_path):
     cfg = recovery.RecoveryConfig()
     argv = recovery.pod_command(cfg, recovery.SCENARIOS["exception/full"], tmp_path, tmp_path / "t.npy", 1234)
-    assert argv[1:3] == ["-m", "trainer.prefork"]  # the chart's default: warm worker starts
+    assert argv[1:3] == ["-m", "trainer.launcher"]  # the chart's default: warm worker starts
     argv = launcher_argv(argv)
     assert argv[0].endswith("ft_launcher")
     assert "--rdzv-endpoint=127.0.0.1:1234" in argv and "--max-restarts=0" in argv

@@ -1,5 +1,5 @@
 """The pod command (Contract 2): ft_launcher and the trainer accept exactly what the chart renders (after
-the preforkWorkers wrapper, `python -m trainer.prefork`, which execs the launcher)."""
+the preforkWorkers wrapper, `python -m trainer.launcher`, which execs the launcher)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def split(argv: list[str]) -> tuple[list[str], list[str]]:
 def test_contract_2_command_shape() -> None:
     container = trainer_container(render())
     # preforkWorkers (the default): the prefork wrapper execs ft_launcher with the launcher's arguments.
-    assert container["command"] == ["python", "-m", "trainer.prefork"]
+    assert container["command"] == ["python", "-m", "trainer.launcher"]
     assert container["args"][0] == "ft_launcher"
     plain = trainer_container(render({"preforkWorkers": False}))
     assert plain["command"] == ["ft_launcher"] and plain["args"] == container["args"][1:]

@@ -10,7 +10,7 @@ import pytest
 
 from goodput import PlanError, Tier
 from goodput.cli import main, parse_tier
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 
 def test_tier_spec_parsing():

@@ -12,7 +12,7 @@ import yaml
 from goodput.cli import main
 from sizing import size
 from sizing.teamfile import find_team, team_inputs
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 TEAMS = REPO_ROOT / "teams.yaml"
 

@@ -8,52 +8,12 @@ repo's .dockerignore with decoy folders, so the test checks what asset staging r
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT
-
-HERE = Path(__file__).resolve().parent
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
-# What the image context holds: the allow-listed files and decoys .dockerignore must keep out.
-IMAGE_ALLOWED = ["Dockerfile", "pyproject.toml", "README.md", "trainer/__init__.py", "trainer/train.py"]
-IMAGE_DECOYS = [
-    ".venv/bin/python",
-    "node_modules/x/index.js",
-    "cdk.out/manifest.json",
-    "out/demo/x.json",
-    ".git/HEAD",
-    "infra/config.py",
-    "trainer/__pycache__/x.cpython-311.pyc",
-]
-
-
-@dataclass
-class SynthResult:
-    """The synthesized app: stacks by team name, the output folder and any synth error."""
-
-    app: object
-    stacks: dict
-    teams: dict
-    outdir: Path
-    image_dir: Path
-    error: Exception | None
-
-
-def _image_context(root: Path) -> Path:
-    root.mkdir()
-    shutil.copy(REPO_ROOT / ".dockerignore", root / ".dockerignore")
-    for rel in IMAGE_ALLOWED + IMAGE_DECOYS:
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"# {rel}\n")
-    return root
+from tests.helpers import REPO_ROOT
+from tests.infra._synth import HERE, SynthResult, image_context
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +33,7 @@ def synth(tmp_path_factory: pytest.TempPathFactory, teams_data: dict) -> SynthRe
 
     tmp = tmp_path_factory.mktemp("synth")
     teams = parse_teams(teams_data)
-    image_dir = _image_context(tmp / "image")
+    image_dir = image_context(tmp / "image")
     outdir = tmp / "cdk.out"
     app = App(outdir=str(outdir), context=cdk_json_context())
     stacks = build_app(app, teams, AppOptions(chart_dir=REPO_ROOT / "k8s", image_dir=image_dir, nag=True))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 
 def _run_app(tmp_path: Path, context: dict) -> subprocess.CompletedProcess[str]:

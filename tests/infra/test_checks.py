@@ -11,8 +11,8 @@ import pytest
 
 from infra.app_builder import AppOptions, check_assets
 from infra.config import TeamsConfigError, parse_teams
+from tests.infra._synth import IMAGE_ALLOWED, SynthResult
 from tests.infra.cfn_lint import cfn_lint
-from tests.infra.conftest import IMAGE_ALLOWED, SynthResult
 
 # cfn-lint warnings reviewed and accepted (docs/infra.md lists them with the reason).
 ACCEPTED_CFN_LINT_WARNINGS = {

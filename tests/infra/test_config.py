@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from infra.config import TeamsConfigError, load_teams, parse_teams, select_team
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 
 def _team(**overrides: Any) -> dict[str, Any]:

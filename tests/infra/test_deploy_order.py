@@ -10,7 +10,7 @@ import pytest
 
 from infra.addons import VPC_CNI_CONFIGURATION
 from infra.storage import PVC_REQUEST
-from tests.infra.conftest import SynthResult
+from tests.infra._synth import SynthResult
 from tests.infra.helpers import flatten, manifests, only, ref, resources
 
 TEAMS = ["ml-research", "vision", "speech"]

@@ -15,8 +15,8 @@ from aws_cdk.assertions import Match, Template
 from infra.config import TeamsConfigError, parse_teams
 from infra.dashboards import CLOUDWATCH_EXPORTED, CLOUDWATCH_EXPORTED_BY_TIER, GRAFANA_PANELS, alert_rules
 from infra.teams.observability import AlarmThresholds
-from tests.conftest import REPO_ROOT
-from tests.infra.conftest import SynthResult
+from tests.helpers import REPO_ROOT
+from tests.infra._synth import SynthResult
 from tests.infra.helpers import flatten, helm_releases, manifests, resources
 
 

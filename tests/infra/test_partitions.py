@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from infra.teams.aws_rules import MAX_DERIVED_NAME, MAX_TEAM_NAME
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from tests.infra.helpers import flatten, helm_releases, manifests
 
 HELM = REPO_ROOT / ".tools" / "bin" / "helm"

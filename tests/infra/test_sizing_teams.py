@@ -16,7 +16,7 @@ import yaml
 
 from infra.config import TeamsConfigError, parse_teams
 from infra.trainer_release import trainer_values
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 
 def team(**over: Any) -> dict[str, Any]:

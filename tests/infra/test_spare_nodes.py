@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from infra.config import TeamsConfigError, parse_teams
-from tests.infra.conftest import SynthResult
+from tests.infra._synth import SynthResult
 from tests.infra.helpers import helm_releases, resources
 
 

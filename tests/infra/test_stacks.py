@@ -9,7 +9,7 @@ import pytest
 from aws_cdk.assertions import Capture, Match, Template
 
 from infra.instance_types import GPU_INSTANCE_TYPES
-from tests.infra.conftest import SynthResult
+from tests.infra._synth import SynthResult
 from tests.infra.helpers import flatten, helm_releases, manifests, only, ref, resources
 
 ALL_TEAMS = ["ml-research", "llm-platform", "vision", "speech"]

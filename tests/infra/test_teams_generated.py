@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from infra.config import TeamConfig, TeamsConfigError, load_teams
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from tests.mutate import DELETED, Mutant, describe, mutants, to_yaml
 
 HERE = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from infra.config import TeamsConfigError, load_teams
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 BASE_TEXT = (REPO_ROOT / "teams.yaml").read_text(encoding="utf-8")
 BASE = yaml.safe_load(BASE_TEXT)

@@ -88,7 +88,7 @@ def test_trainer_pod_from_the_rendered_chart_runs_ft_launcher_with_local_places(
     assert re.fullmatch(r"trainer-[0-9a-f]{6}", pod.job_name), pod.job_name
     assert [c.name for c in pod.init_containers] == ["synthetic-data", "check-config"]
     argv = pod.trainer.resolved_argv({"RDZV_ENDPOINT": "127.0.0.1:1234", "OUT_DIR": "/tmp/run"})
-    assert argv[:4] == ["python", "-m", "trainer.prefork", "ft_launcher"]  # warm worker starts
+    assert argv[:4] == ["python", "-m", "trainer.launcher", "ft_launcher"]  # warm worker starts
     assert "--rdzv-endpoint=127.0.0.1:1234" in argv
     assert "--nnodes=2:3" in argv and "--nproc-per-node=2" in argv  # 2 training pods + 1 hot spare
     assert "--out-dir=/tmp/run" in argv

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tools.localpods import LocalJob, LocalPod, PodSpec
 
 # A "launcher" that starts a "worker" in its own session, as torch's launcher does (start_new_session),

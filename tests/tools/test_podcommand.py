@@ -30,8 +30,8 @@ def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
     got = pod_argv(VALUES, PLACES)
     assert len(got) == len(raw)
     # The chart's default wraps the launcher in the prefork wrapper; both run from this virtualenv.
-    assert raw[:4] == ["python", "-m", "trainer.prefork", "ft_launcher"]
-    assert got[0] == sys.executable and got[1:3] == ["-m", "trainer.prefork"]
+    assert raw[:4] == ["python", "-m", "trainer.launcher", "ft_launcher"]
+    assert got[0] == sys.executable and got[1:3] == ["-m", "trainer.launcher"]
     assert Path(got[3]).name == "ft_launcher"
     assert Path(got[3]).is_file(), "ft_launcher must come from this virtualenv"
     assert launcher_argv(got)[0] == got[3]

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from sizing import size
 from sizing.teamfile import find_team, team_inputs
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from tests.tools.kube_api import FakeKubeApi
 from tools import cluster_smoke as cs
 from tools.kube_watch import Kube

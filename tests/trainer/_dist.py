@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple[Any, ...]) -> None:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 from tools.podcommand import LocalPlaces, pod_argv, trainer_argv
 
 STEPS = 10

@@ -11,7 +11,7 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 @pytest.fixture(scope="session")

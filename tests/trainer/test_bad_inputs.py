@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 from trainer.config import ConfigError, config_from_args
 from trainer.faults import FaultInjector, FaultSpec, InjectedFault, parse_fault, resolve_ranks
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts, trainer_ports

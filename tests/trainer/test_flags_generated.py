@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 SEED = 20261130
 MUTATIONS_PER_FLAG = 12

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 
 STEPS = 12
 SCRAPE = "500ms"  # Prometheus durations take no fractions

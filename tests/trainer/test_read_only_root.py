@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from tests.chart.helm import render
-from tests.conftest import REPO_ROOT, free_port
+from tests.helpers import REPO_ROOT, free_port
 from tools.podspec import Container, trainer_pod
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,8 @@
 - loop.py:     CheckpointLoop: the training loop's side of it (when to save, failures, resume policy).
 - policy.py:   pure rules: which steps save, when a pending save is polled, what retention deletes.
 - backends.py: how a rank writes its shards: sync (dcp.save), torch-async (dcp.async_save), nvrx (NVRx
-               FileSystemWriterAsync + persistent worker; CPU workarounds in trainer/resilience/compat.py).
+               FileSystemWriterAsync + persistent worker; CPU workarounds in nvrx_async.py).
+- nvrx_async.py: NVRx's async-checkpoint queues made safe on CPU hosts and across 0.4.1 / 0.7.x.
 - layout.py:   directory names, MANIFEST.json with sizes, CRC32s and the model fingerprint, commit by
                rename, retention.
 - state.py:    the loop's objects <-> a DCP state dict (FSDP2 DTensor shards; per-rank trainer state).

@@ -180,18 +180,18 @@ class NvrxBackend:
 
     @classmethod
     def _shared_queue(cls) -> Any:
-        from trainer.resilience import compat
+        from trainer.checkpoint import nvrx_async
 
         with cls._lock:
-            if cls._queue is not None and not compat.worker_alive(cls._queue):
-                compat.abort_queue(cls._queue)
+            if cls._queue is not None and not nvrx_async.worker_alive(cls._queue):
+                nvrx_async.abort_queue(cls._queue)
                 cls._queue = None
             if cls._queue is None:
-                cls._queue = compat.make_async_queue()
+                cls._queue = nvrx_async.make_async_queue()
                 # In a thread: starting the write-results Manager waits for a spawned interpreter to
                 # import the main module (seconds under `python -m trainer`), which restarts must not pay.
                 cls._prewarm = threading.Thread(
-                    target=compat.prewarm, args=(cls._queue,), name="nvrx-prewarm", daemon=True
+                    target=nvrx_async.prewarm, args=(cls._queue,), name="nvrx-prewarm", daemon=True
                 )
                 cls._prewarm.start()
                 # Not atexit: multiprocessing joins live non-daemon children (NVRx 0.4.1's worker is one)
@@ -203,11 +203,11 @@ class NvrxBackend:
     @classmethod
     def reset_shared_queue(cls) -> None:
         """Kill the shared worker (after a failure); the next manager starts a fresh one."""
-        from trainer.resilience import compat
+        from trainer.checkpoint import nvrx_async
 
         with cls._lock:
             if cls._queue is not None:
-                compat.abort_queue(cls._queue)
+                nvrx_async.abort_queue(cls._queue)
                 cls._queue = None
 
     def start(self, sd: dict[str, Any], tmp: Path, pg: dist.ProcessGroup) -> Any:
@@ -216,7 +216,7 @@ class NvrxBackend:
         from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_plan
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-        from trainer.resilience import compat
+        from trainer.checkpoint import nvrx_async
 
         if self._queue_in_use is None or self._queue_in_use is not NvrxBackend._queue:
             self._queue_in_use = self._shared_queue()  # the one this backend used was killed by abort()
@@ -237,7 +237,7 @@ class NvrxBackend:
         save_fn, preload_fn, save_args = writer.get_save_function_and_args()
         if save_fn is None:
             return (None, writer, metadata)
-        request = AsyncRequest(save_fn, save_args, [], preload_fn=compat.cpu_safe_preload(preload_fn))
+        request = AsyncRequest(save_fn, save_args, [], preload_fn=nvrx_async.cpu_safe_preload(preload_fn))
         queue = self._queue_in_use
         index = self._bounded(lambda: queue.schedule_async_request(request), "hand the save to the worker")
         return (index, writer, metadata)
@@ -248,7 +248,7 @@ class NvrxBackend:
         NVRx's schedule waits (unbounded) for the worker to acknowledge the request; a dead worker would
         block the loop forever.
         """
-        from trainer.resilience import compat
+        from trainer.checkpoint import nvrx_async
 
         box: dict[str, Any] = {}
 
@@ -267,10 +267,10 @@ class NvrxBackend:
             polls += 1
             if self.progress is not None and polls % 25 == 0:  # every 0.5 s
                 self.progress()
-            if thread.is_alive() and not compat.worker_alive(self._queue_in_use):
+            if thread.is_alive() and not nvrx_async.worker_alive(self._queue_in_use):
                 raise CheckpointWriteError(
-                    f"NVRx checkpoint worker died (exit code {compat.worker_exitcode(self._queue_in_use)}) "
-                    f"while trying to {what}"
+                    "NVRx checkpoint worker died "
+                    f"(exit code {nvrx_async.worker_exitcode(self._queue_in_use)}) while trying to {what}"
                 )
             if time.monotonic() > deadline:
                 raise CheckpointWriteError(f"timed out after {self.write_timeout_s} s trying to {what}")
@@ -279,27 +279,27 @@ class NvrxBackend:
         return box.get("value")
 
     def done(self, token: Any) -> bool:
-        from trainer.resilience import compat
+        from trainer.checkpoint import nvrx_async
 
         if token[0] is None:
             return True
         # At most one save is in flight and it was scheduled last, so it is done when nothing is pending.
-        if compat.poll_pending(self._queue_in_use) == 0:
+        if nvrx_async.poll_pending(self._queue_in_use) == 0:
             return True
-        if not compat.worker_alive(self._queue_in_use):
+        if not nvrx_async.worker_alive(self._queue_in_use):
             raise CheckpointWriteError(
-                f"NVRx checkpoint worker died (exit code {compat.worker_exitcode(self._queue_in_use)}) "
+                f"NVRx checkpoint worker died (exit code {nvrx_async.worker_exitcode(self._queue_in_use)}) "
                 "before finishing the write"
             )
         return False
 
     def results(self, token: Any) -> Any:
-        from trainer.resilience import compat
+        from trainer.checkpoint import nvrx_async
 
         if token[0] is None:
             return []
         try:
-            return compat.write_results_or_raise(token[1])
+            return nvrx_async.write_results_or_raise(token[1])
         except RuntimeError as exc:
             raise CheckpointWriteError(str(exc)) from exc
 
@@ -319,11 +319,11 @@ class NvrxBackend:
 
 
 def _close_shared_queue() -> None:
-    from trainer.resilience import compat
+    from trainer.checkpoint import nvrx_async
 
     queue = NvrxBackend._queue
     if queue is not None:
-        compat.close_queue(queue, timeout_s=5.0)
+        nvrx_async.close_queue(queue, timeout_s=5.0)
         NvrxBackend._queue = None
 
 

@@ -48,7 +48,7 @@ from torch.distributed.checkpoint import CheckpointException
 from trainer.checkpoint import layout, policy
 from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.checkpoint.drain import seal_and_drain
+from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
@@ -297,7 +297,7 @@ class CheckpointManager:
         if self.hooks.before_commit is not None and p.phase == "write":
             self.hooks.before_commit(p.step)
         if self.local is not None and p.phase == "write":
-            seal_and_drain(self, p)  # the local commit; this commit runs again once the drain is done
+            self._seal(p)  # the local commit; this commit runs again once the drain is done
             return
         payload: dict[str, Any] = {
             "files": p.files.result() if p.files else {},
@@ -412,6 +412,29 @@ class CheckpointManager:
         log.debug("checkpoint manager closed in %.3f s", time.perf_counter() - t0)
 
     # ---------------------------------------------------------------------------------------- helpers
+    def _seal(self, p: _Pending) -> None:
+        """Seal the written save on the local tier and start its drain (drain.py); a save that cannot be
+        sealed is aborted like a failed write."""
+        assert self.local is not None and self._fingerprint is not None
+        assert p.files is not None and p.src is not None
+        group = SealGroup(
+            rank=self.rank,
+            world_size=self.world_size,
+            group=self._group(),
+            root=self._global_rank0(),
+            backend=self._backend,
+            local=self.local,
+            fingerprint=self._fingerprint,
+            copier=self._hasher,
+        )
+        save = SaveToSeal(p.step, p.token, p.files.result(), p.src, p.tmp, p.cancel)
+        try:
+            drain = seal_and_drain(group, save)
+        except CheckpointWriteError:
+            self.abort()
+            raise
+        p.phase, p.calls, p.files = "drain", 0, drain
+
     def _group(self) -> dist.ProcessGroup:
         if self._pg is None:
             raise RuntimeError("CheckpointManager is closed")

@@ -16,9 +16,9 @@ static timeout stays in force. The value only grows during a process: a longer i
 (a slower save) raises it, a shorter one never lowers it.
 
 The calculated value is set through NVRx's RankMonitorClient state protocol (HeartbeatTimeouts with
-were_calculated=True: trainer/resilience/compat.py) and persisted in NVRx's state_dict format, one file
-per rank, so a worker restarted by ft_launcher (or a replacement pod on the same output directory)
-judges its steps against it from its first step on instead of warming up again.
+were_calculated=True: trainer/resilience/nvrx_rank_monitor.py) and persisted in NVRx's state_dict
+format, one file per rank, so a worker restarted by ft_launcher (or a replacement pod on the same output
+directory) judges its steps against it from its first step on instead of warming up again.
 
 Why not NVRx's calculate_and_set_hb_timeouts(): it has no floor or ceiling (a 0.1 s step would give a
 0.5 s timeout), it counts the gap across a tier-1 restart as a step, it agrees across ranks with a
@@ -126,7 +126,7 @@ def load_timeout(path: Path | None) -> float | None:
     """The calculated subsequent-heartbeat timeout persisted at `path` (NVRx state_dict JSON), or None."""
     if path is None:
         return None
-    from trainer.resilience.compat import heartbeat_timeout_from_state
+    from trainer.resilience.nvrx_rank_monitor import heartbeat_timeout_from_state
 
     try:
         state = json.loads(path.read_text())

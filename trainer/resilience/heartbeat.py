@@ -23,7 +23,7 @@ tier-1 restart or the run's final commit, and the calculated one returns with th
 
 Only RankMonitorClient(), init_workload_monitoring(), send_heartbeat() and shutdown_workload_monitoring()
 are used (same signatures in NVRx 0.4.1 and 0.7.x), plus, with a HangPolicy, the client's state protocol
-through trainer/resilience/compat.py.
+through trainer/resilience/nvrx_rank_monitor.py.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ class Heartbeat:
         """At connect: take the initial timeout as the launcher set it, an earlier worker's calculated
         timeout if there is one, and make the monitor's subsequent timeout explicit (the rank monitor
         outlives worker restarts and keeps whatever the previous worker set)."""
-        from trainer.resilience.compat import initial_heartbeat_timeout
+        from trainer.resilience.nvrx_rank_monitor import initial_heartbeat_timeout
 
         assert self._policy is not None
         self._initial = initial_heartbeat_timeout(client)
@@ -211,7 +211,7 @@ class Heartbeat:
                     policy.floor_s, policy.ceiling_s,
                 )  # fmt: skip
                 if policy.state_path is not None:
-                    from trainer.resilience.compat import heartbeat_state
+                    from trainer.resilience.nvrx_rank_monitor import heartbeat_state
 
                     try:
                         save_state(policy.state_path, heartbeat_state(self._initial, value, True))
@@ -222,7 +222,7 @@ class Heartbeat:
             self._in_force = wanted
 
     def _push(self, subsequent_s: float, *, calculated: bool) -> bool:
-        from trainer.resilience.compat import set_heartbeat_timeouts
+        from trainer.resilience.nvrx_rank_monitor import set_heartbeat_timeouts
 
         if self._client is None:
             return False

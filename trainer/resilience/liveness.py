@@ -7,12 +7,14 @@ chart's defaults). Nothing else notices: NVRx 0.7's barrier rendezvous sends no 
 is closed, the Wrapper's monitor-process heartbeats start only after the barrier, and the launchers
 watch only their own workers.
 
-So each launcher beats for its node (trainer/resilience/launch.py runs it inside ft_launcher), and a
-worker waiting in the initial barrier watches the beats of every node of its round:
+So each launcher beats for its node (trainer/launcher/beat.py, run inside ft_launcher by
+trainer/launcher/ft.py), and a worker waiting in the initial barrier watches the beats of every node of its
+round (this module: the keys both sides use, and the worker's watch):
 
-* `LauncherBeat` (launcher side): after every rendezvous that made this node active, a daemon thread
-  writes `trainer/liveness/<cycle>/<group rank>` in the rendezvous store (the launcher's c10d TCPStore,
-  which outlives worker restarts) every `BEAT_INTERVAL_S`, a counter that changes with every write.
+* `LauncherBeat` (launcher side, trainer/launcher/beat.py): after every rendezvous that made this node
+  active, a daemon thread writes `trainer/liveness/<cycle>/<group rank>` in the rendezvous store (the
+  launcher's c10d TCPStore, which outlives worker restarts) every `BEAT_INTERVAL_S`, a counter that
+  changes with every write.
   The cycle is NVRx's rendezvous round, which the workers get as TORCHELASTIC_RESTART_COUNT.
 * `RoundWatch` (worker side): a watcher (local rank 0 of group ranks 0 and 1) reads those keys for
   every group rank of the round and finds a node lost when its key has not changed for the liveness
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,85 +75,14 @@ def parse_endpoint(endpoint: str, field_name: str = LIVENESS_STORE_ENV) -> tuple
     return host.strip("[]"), int(port)
 
 
-def rdzv_endpoint(argv: list[str]) -> str | None:
-    """The value of ft_launcher's --rdzv-endpoint (or --rdzv_endpoint) in `argv`, if any."""
-    for i, arg in enumerate(argv):
-        for name in ("--rdzv-endpoint", "--rdzv_endpoint"):
-            if arg == name and i + 1 < len(argv):
-                return argv[i + 1]
-            if arg.startswith(name + "="):
-                return arg.split("=", 1)[1]
-    return None
-
-
-def _client(endpoint: str) -> Any:
+def store_client(endpoint: str) -> Any:
+    """A client of the liveness store (the launcher's rendezvous TCPStore) at `endpoint`."""
     import torch.distributed as dist
 
     host, port = parse_endpoint(endpoint)
     return dist.TCPStore(
         host, port, is_master=False, timeout=timedelta(seconds=STORE_TIMEOUT_S), wait_for_workers=False
     )
-
-
-class LauncherBeat:
-    """The launcher's beat for its node: `serve(cycle, group_rank)` after each rendezvous that made this
-    node active, `pause()` when it enters the next one. The thread starts with the first `serve`."""
-
-    def __init__(
-        self,
-        endpoint: str,
-        interval_s: float = BEAT_INTERVAL_S,
-        store_factory: Callable[[str], Any] = _client,
-    ) -> None:
-        self.endpoint = endpoint
-        self.interval_s = interval_s
-        self._store_factory = store_factory
-        self._store: Any = None
-        self._key: str | None = None
-        self._count = 0
-        self._lock = threading.Lock()
-        self._io_lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def serve(self, cycle: int, group_rank: int) -> None:
-        with self._lock:
-            self._key = liveness_key(cycle, group_rank)
-        self._beat_once()  # before the workers start: a peer never sees this round's key missing
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="trainer-liveness-beat", daemon=True)
-            self._thread.start()
-
-    def pause(self) -> None:
-        with self._lock:
-            self._key = None
-
-    def stop(self) -> None:
-        self.pause()
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._beat_once()
-
-    def _beat_once(self) -> None:
-        with self._lock:
-            key = self._key
-            if key is None:
-                return
-            self._count += 1
-            count = self._count
-        # The store I/O runs outside _lock, so that pause() (the agent entering a rendezvous) never waits
-        # for a connection to a store host that is gone; a beat already under way may still land under
-        # the old key, which no worker of a later round reads.
-        with self._io_lock:
-            try:
-                if self._store is None:
-                    self._store = self._store_factory(self.endpoint)
-                self._store.set(key, str(count))
-            except Exception as exc:  # the store host is gone or slow: the job restarts anyway; try again
-                log.debug("liveness beat %s failed: %s", key, exc)
-                self._store = None
 
 
 @dataclass
@@ -177,7 +107,7 @@ class RoundWatch:
 
     @classmethod
     def from_env(cls, timeout_s: float, env: Mapping[str, str] | None = None) -> RoundWatch | None:
-        """The watch for this worker's round, or None outside trainer.resilience.launch."""
+        """The watch for this worker's round, or None outside trainer.launcher.ft."""
         env = os.environ if env is None else env
         endpoint = env.get(LIVENESS_STORE_ENV)
         if not endpoint:
@@ -187,7 +117,7 @@ class RoundWatch:
             group_world_size = int(env["GROUP_WORLD_SIZE"])
             own = int(env["GROUP_RANK"])
             watches = int(env.get("LOCAL_RANK", "0")) == 0 and own < WATCHER_NODES
-            store = _client(endpoint)
+            store = store_client(endpoint)
         except Exception as exc:  # not under a launcher after all, or its store is gone: NVRx's own wait
             log.warning("node liveness off for this start: %s", exc)
             return None

@@ -1,0 +1,225 @@
+"""NVRx's asynchronous checkpointing (`nvidia_resiliency_ext.checkpointing.async_ckpt`) as the nvrx
+checkpoint backend (backends.py) uses it: CPU-only hosts and the 0.4.1 / 0.7.x API drift, in one place.
+Upstream report: docs/nvrx-async-ckpt.md; the canary tests that fail once the installed NVRx no longer
+needs a workaround: tests/trainer/checkpoint/test_ckpt_nvrx_async.py.
+
+NVRx's asynchronous checkpointing assumes CUDA in a few places. On a host where CUDA is available every
+function here is a pass-through (or adds nothing), so the GPU path is NVRx as shipped. On a CPU-only host
+(tests, the local demo) it bridges:
+
+1. 0.4.1 `FileSystemWriterAsync.preload_tensors(..., non_blocking=True)` calls `torch.cuda.synchronize()`
+   unconditionally. It runs in the persistent worker; the worker dies and the trainer blocks forever in
+   `preload_q.join()`. -> `cpu_safe_preload` rebinds the preload with non_blocking=False (0.7.x syncs
+   only for CUDA tensors, so this is harmless there).
+2. 0.7.x's persistent worker starts with `torch.cuda.set_device(rank % torch.cuda.device_count())`
+   (ZeroDivisionError on CPU) unless the queue is built with `cpu_shm_mode=True`, a keyword 0.4.1 lacks.
+   -> `make_async_queue` passes it only when the installed NVRx accepts it and CUDA is absent.
+3. `AsyncCallsQueue.maybe_finalize_async_calls(no_dist=False)` agrees across ranks with an all_reduce on a
+   CUDA tensor (both versions). -> `poll_finished` always uses no_dist=True; the checkpoint manager does
+   the cross-rank agreement itself on its gloo group.
+4. A worker that dies (any version) never reports completion, and NVRx's blocking wait polls forever.
+   -> `worker_alive` exposes the worker process so callers can bound every wait; `abort_queue` kills it.
+5. `FileSystemWriterAsync.retrieve_write_results()` raises on a failed write in 0.4.1 and returns a
+   wrapped exception in 0.7.x. -> `write_results_or_raise` turns both into one RuntimeError.
+6. 0.4.1 starts the worker lazily on the first save (~3-4 s of imports in the first save's blocked time);
+   0.7.x has `warmup_persistent_caller`. -> `prewarm` starts it with a no-op request on both.
+7. `maybe_finalize_async_calls` returns the `call_idx` field of the stored request, which is never set
+   (always 0) in both versions. -> `poll_pending` returns how many calls are still unfinished instead.
+8. When the trainer is SIGKILLed (tier-2 faults do exactly that), the worker, its forked writers and the
+   write-results Manager live on as orphans, blocked forever. -> the warm-up request installs a watchdog
+   thread in the worker that kills all of them once the trainer is gone, and `abort_queue` kills the
+   worker's writers with it. (Not CPU-specific.)
+
+Only these NVRx names are used, all present in 0.4.1 and 0.7.0: AsyncCallsQueue(persistent=...),
+.schedule_async_request, .maybe_finalize_async_calls(blocking, no_dist), .get_num_unfinalized_calls,
+.persistent_caller.process, AsyncRequest(async_fn, async_fn_args, finalize_fns, preload_fn=...),
+FileSystemWriterAsync(path, thread_count=...), .get_save_function_and_args, .retrieve_write_results,
+.finish, save_state_dict_async_plan(state_dict, writer, process_group, coordinator_rank, planner).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def make_async_queue() -> Any:
+    """A persistent-worker AsyncCallsQueue that can start its worker on this host."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
+
+    kwargs: dict[str, Any] = {"persistent": True}
+    params = inspect.signature(AsyncCallsQueue.__init__).parameters
+    if not cuda_available() and "cpu_shm_mode" in params:
+        kwargs["cpu_shm_mode"] = True  # 0.7.x: skip the worker's CUDA device selection
+    return AsyncCallsQueue(**kwargs)
+
+
+def cpu_safe_preload(preload_fn: Callable[[], Any] | None) -> Callable[[], Any] | None:
+    """The writer's preload function, rebound to non_blocking=False when there is no CUDA."""
+    if preload_fn is None or cuda_available():
+        return preload_fn
+    if isinstance(preload_fn, functools.partial) and preload_fn.args and preload_fn.args[-1] is True:
+        return functools.partial(preload_fn.func, *preload_fn.args[:-1], False, **preload_fn.keywords)
+    return preload_fn
+
+
+def poll_pending(queue: Any) -> int:
+    """Finalize the calls this rank's worker has finished (no cross-rank agreement, no CUDA); returns
+    how many are still unfinished."""
+    queue.maybe_finalize_async_calls(blocking=False, no_dist=True)
+    return int(queue.get_num_unfinalized_calls())
+
+
+def worker_process(queue: Any) -> Any:
+    caller = getattr(queue, "persistent_caller", None)
+    return getattr(caller, "process", None)
+
+
+def worker_alive(queue: Any) -> bool:
+    """False when the persistent worker was started and is gone (crashed, killed)."""
+    proc = worker_process(queue)
+    return proc is None or proc.is_alive()
+
+
+def worker_exitcode(queue: Any) -> int | None:
+    proc = worker_process(queue)
+    return None if proc is None else proc.exitcode
+
+
+def abort_queue(queue: Any, timeout_s: float = 1.0) -> None:
+    """Kill the persistent worker now, without NVRx's unbounded joins; drop pending calls.
+
+    SIGKILL, not SIGTERM: the worker inherits the signal mask of the thread that started it, and with
+    SIGTERM blocked there (seen under the in-process Wrapper) a SIGTERM waits forever. Whatever it was
+    writing is an uncommitted temp dir, never loaded.
+    """
+    proc = worker_process(queue)
+    if proc is not None and proc.is_alive():
+        # 0.4.1's worker forks one writer process per file; orphaned, those block forever on queues.
+        for child in _children(proc.pid):
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.join(timeout_s)
+    caller = getattr(queue, "persistent_caller", None)
+    if caller is not None:
+        caller.process = None  # so NVRx's __del__/close do not join a dead worker's queues
+        # A request still buffered for the dead worker keeps its queue's feeder thread blocked on a full
+        # pipe nobody reads; multiprocessing joins that thread at interpreter exit, so a trainer that
+        # completed after an abort never exited (seen: a finished run alive 90 min later, MainThread in
+        # Queue._finalize_join). Nothing on these queues is needed once the worker is gone.
+        for name in ("queue", "preload_q", "comp_q"):
+            q = getattr(caller, name, None)
+            if q is not None and hasattr(q, "cancel_join_thread"):
+                q.cancel_join_thread()
+    if hasattr(queue, "async_calls"):
+        queue.async_calls.clear()
+
+
+def close_queue(queue: Any, timeout_s: float) -> None:
+    """Stop an idle worker politely (DONE message), bounded; fall back to abort_queue."""
+    proc = worker_process(queue)
+    if proc is not None and proc.is_alive():
+        with contextlib.suppress(Exception):  # the queue may be broken already
+            queue.persistent_caller.queue.put("DONE")
+        proc.join(timeout_s)
+    abort_queue(queue)
+
+
+def write_results_or_raise(writer: Any) -> list[Any]:
+    """The write results of a finished FileSystemWriterAsync, or RuntimeError if the write failed."""
+    from torch.distributed.checkpoint.utils import _is_wrapped_exception
+
+    results = writer.retrieve_write_results()  # 0.4.1 raises here on failure
+    if _is_wrapped_exception(results):  # 0.7.x returns (exception, traceback)
+        raise RuntimeError(f"checkpoint worker failed: {results[0]}") from results[0]
+    return list(results)
+
+
+def _children(pid: int) -> list[int]:
+    """All descendants of a process (psutil ships with NVRx)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+class _AfterFork:
+    """Anchor for multiprocessing's after-fork hook (it holds its owner weakly)."""
+
+
+_AFTER_FORK = _AfterFork()
+
+
+def _die_with_parent(_: object) -> None:
+    """In a process forked by the worker (0.4.1's per-file writers): get SIGKILL when the worker dies."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+
+
+def _watch_trainer(trainer_pid: int, also_kill: list[int]) -> None:
+    """Runs in the worker (the warm-up request's target): exit, taking `also_kill` along, once the
+    trainer process is gone; writers the worker forks die with it. Importable by name, so the spawned
+    worker can unpickle it. (Not PR_SET_PDEATHSIG for the worker itself: it fires when the *thread* that
+    started the worker ends, and a short-lived thread starts it.)"""
+    import multiprocessing.util
+
+    multiprocessing.util.register_after_fork(_AFTER_FORK, _die_with_parent)
+
+    def watch() -> None:
+        while os.getppid() == trainer_pid:
+            time.sleep(0.5)
+        for pid in [*_children(os.getpid()), *also_kill]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="trainer-watchdog", daemon=True).start()
+
+
+def prewarm(queue: Any) -> None:
+    """Start the persistent worker (and the write-results Manager) now instead of inside the first save;
+    the worker watches the trainer and cleans up if it dies."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+    from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+
+    # The write-results queue is a multiprocessing Manager (a spawned server process), created lazily in
+    # the first save's planning. Named differently in 0.4.1 and 0.7.x.
+    getter = getattr(filesystem_async, "get_write_results_queue", None) or getattr(
+        filesystem_async, "_get_write_results_queue", None
+    )
+    manager_pids: list[int] = []
+    try:
+        if getter is not None:
+            results_queue = getter()
+            process = getattr(getattr(results_queue, "_manager", None), "_process", None)
+            if process is not None and process.pid:
+                manager_pids.append(int(process.pid))
+        queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
+    except Exception as exc:
+        # Only a head start: the first save starts the worker anyway. A run that ends (or gives up on an
+        # unrecoverable error) at once tears the process group down under this thread, and NVRx asks it
+        # for the rank, or exits while the Manager's handshake is under way (seen in `make test`: the
+        # handshake in `get_write_results_queue` broke off as a rank gave up at step 0; the log lost
+        # the exception's last line): a one-line note, not a traceback.
+        log.info("NVRx worker not started ahead of the first save: %s", exc)

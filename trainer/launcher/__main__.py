@@ -1,0 +1,47 @@
+"""`python -m trainer.launcher COMMAND...`: the trainer container's command (Contract 2 of docs/design.md):
+start the pod's zygote (trainer/launcher/prefork/), then exec COMMAND (ft_launcher).
+
+ft_launcher is exec'd as `python -m trainer.launcher.ft <its path> ...`: NVRx's launcher in the same
+process, with the launcher patches of trainer/launcher/patches.py applied.
+
+The exec keeps COMMAND the container's main process (signals from the kubelet reach it as before); the
+zygote is its child and dies with it. The zygote's socket lives in a fresh 0700 directory under the
+temporary dir (the pod's /tmp scratch volume), named to COMMAND and its workers by the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1:] if argv[:1] == ["--"] else argv
+    if not command:
+        print("usage: python -m trainer.launcher [--] COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    found = shutil.which(command[0])
+    if found is None:
+        print(f"trainer.launcher: {command[0]}: command not found", file=sys.stderr)
+        return 127
+    path = os.path.join(tempfile.mkdtemp(prefix="trainer-prefork-"), "zygote.sock")
+    zygote = subprocess.Popen(
+        [sys.executable, "-m", "trainer.launcher.prefork.server", path, str(os.getpid())],
+        stdin=subprocess.DEVNULL,
+    )
+    os.environ[SOCKET_ENV] = path
+    os.environ[PID_ENV] = str(zygote.pid)
+    if os.path.basename(command[0]) == "ft_launcher":
+        # NVRx's launcher with the patches of trainer/launcher/patches.py (ft.py).
+        os.execv(sys.executable, [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]])
+    os.execvp(command[0], command)
+    return 127  # pragma: no cover - execvp returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,91 @@
+"""The launcher's liveness beat for its node while its worker group starts (the worker side, the keys and
+why: trainer/resilience/liveness.py).
+
+After every rendezvous that made this node active (trainer/launcher/patches.py: `beat_after_rendezvous`
+tells it when), a daemon thread in the launcher process writes a counter that changes with every write
+under `trainer/liveness/<cycle>/<group rank>` in the rendezvous store, every `BEAT_INTERVAL_S`. The store
+is the launcher's c10d TCPStore at `--rdzv-endpoint`, which outlives worker restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from trainer.resilience.liveness import BEAT_INTERVAL_S, liveness_key, store_client
+
+log = logging.getLogger(__name__)
+
+
+def rdzv_endpoint(argv: list[str]) -> str | None:
+    """The value of ft_launcher's --rdzv-endpoint (or --rdzv_endpoint) in `argv`, if any."""
+    for i, arg in enumerate(argv):
+        for name in ("--rdzv-endpoint", "--rdzv_endpoint"):
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+class LauncherBeat:
+    """The launcher's beat for its node: `serve(cycle, group_rank)` after each rendezvous that made this
+    node active, `pause()` when it enters the next one. The thread starts with the first `serve`."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        interval_s: float = BEAT_INTERVAL_S,
+        store_factory: Callable[[str], Any] = store_client,
+    ) -> None:
+        self.endpoint = endpoint
+        self.interval_s = interval_s
+        self._store_factory = store_factory
+        self._store: Any = None
+        self._key: str | None = None
+        self._count = 0
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def serve(self, cycle: int, group_rank: int) -> None:
+        with self._lock:
+            self._key = liveness_key(cycle, group_rank)
+        self._beat_once()  # before the workers start: a peer never sees this round's key missing
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainer-liveness-beat", daemon=True)
+            self._thread.start()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._key = None
+
+    def stop(self) -> None:
+        self.pause()
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._beat_once()
+
+    def _beat_once(self) -> None:
+        with self._lock:
+            key = self._key
+            if key is None:
+                return
+            self._count += 1
+            count = self._count
+        # The store I/O runs outside _lock, so that pause() (the agent entering a rendezvous) never waits
+        # for a connection to a store host that is gone; a beat already under way may still land under
+        # the old key, which no worker of a later round reads.
+        with self._io_lock:
+            try:
+                if self._store is None:
+                    self._store = self._store_factory(self.endpoint)
+                self._store.set(key, str(count))
+            except Exception as exc:  # the store host is gone or slow: the job restarts anyway; try again
+                log.debug("liveness beat %s failed: %s", key, exc)
+                self._store = None

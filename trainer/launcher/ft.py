@@ -1,0 +1,52 @@
+"""`python -m trainer.launcher.ft FT_LAUNCHER [ARG...]`: NVRx's ft_launcher, in this process, with the
+launcher patches of trainer/launcher/patches.py:
+
+* `skip_idle_group_grace`: no 1 s sleep after stopping a worker group that has already exited;
+* `sync_before_round_wait`: no 1 s sleep in the rendezvous' Step 0 before joining a round that is
+  already open (both: docs/nvrx-restart-sleeps.md);
+* `beat_after_rendezvous`: this node's liveness beat (trainer/launcher/beat.py) in the rendezvous
+  store while it is an active node, so that the workers of a starting group notice a node of their
+  round that was lost before its workers came (a hot spare killed while it joins) within their
+  liveness timeout instead of the barrier timeout. The workers find the store through
+  TRAINER_LIVENESS_STORE, set here from `--rdzv-endpoint` before NVRx starts any of them.
+
+The pod's wrapper (`python -m trainer.launcher`, trainer/launcher/__main__.py) execs this instead of the
+`ft_launcher` script it was given (Contract 2). FT_LAUNCHER stays in the process's command line, so the
+launcher and the rank monitors it forks are still found as "ft_launcher" processes; argv[0] becomes it,
+and NVRx's own `main` parses the rest exactly as the script would.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m trainer.launcher.ft FT_LAUNCHER [ARG...]", file=sys.stderr)
+        return 2
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
+
+    from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
+    from trainer.launcher.patches import beat_after_rendezvous, skip_idle_group_grace, sync_before_round_wait
+    from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
+
+    skip_idle_group_grace(launcher)
+    sync_before_round_wait(ft_rendezvous_barrier)
+    endpoint = rdzv_endpoint(argv[1:])
+    try:
+        if endpoint:
+            parse_endpoint(endpoint, "--rdzv-endpoint")
+    except ValueError as exc:  # e.g. a host without a port, which NVRx completes itself: no beats
+        print(f"trainer.launcher.ft: node liveness off: {exc}", file=sys.stderr)
+        endpoint = None
+    if endpoint and beat_after_rendezvous(launcher, LauncherBeat(endpoint)):
+        os.environ[LIVENESS_STORE_ENV] = endpoint
+    sys.argv = list(argv)
+    launcher.main()  # NVRx's main ends with sys.exit(its exit code)
+    return 0  # pragma: no cover - not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,113 @@
+"""The NVRx launcher patches (`nvidia_resiliency_ext.fault_tolerance`: the launcher module and the barrier
+rendezvous), applied by trainer/launcher/ft.py before NVRx's `main` runs. Each returns whether the
+installed NVRx has what it wraps (False: nothing patched, that part runs as NVRx ships it), and each
+names its upstream report and the canary test that fails once NVRx no longer needs it:
+
+* `skip_idle_group_grace` (launcher.terminate_mp_processes) and `sync_before_round_wait`
+  (ft_rendezvous_barrier._RendezvousBarrierState): docs/nvrx-restart-sleeps.md; canaries
+  tests/trainer/launcher/test_patches.py::test_nvrx_terminate_as_shipped_sleeps_with_no_group_left and
+  ::test_nvrx_step_0_as_shipped_sleeps_a_second_first.
+* `beat_after_rendezvous` (launcher.LocalElasticAgent._rendezvous): docs/nvrx-no-liveness-after-round.md;
+  canary tests/trainer/launcher/test_patches.py::test_nvrx_barrier_rendezvous_still_has_no_liveness.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+# ------------------------------------------------------------------ launcher: stopping a worker group
+# NVRx 0.7's launcher, stopping a worker group before each restart round, calls
+# `fault_tolerance.utils.terminate_mp_processes(pgids)`: SIGTERM to every worker process group, then a
+# fixed 1.0 s sleep, then SIGKILL. It sleeps even when every group is already gone (the usual case: the
+# workers exited or were reaped before), which was 1 s of every tier-2 recovery (of the demo's 7.3 s
+# node loss; docs/nvrx-restart-sleeps.md). `skip_idle_group_grace` runs it only when a group is left.
+
+
+def _process_group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's: let NVRx decide
+        return True
+    return True
+
+
+def skip_idle_group_grace(launcher_module: Any) -> bool:
+    """Wrap the launcher module's `terminate_mp_processes` so that it returns at once when none of the
+    worker process groups exists any more; otherwise NVRx's own (SIGTERM, 1 s, SIGKILL). Returns whether
+    the installed NVRx has the function (False: nothing patched, the launcher runs as shipped)."""
+    original = getattr(launcher_module, "terminate_mp_processes", None)
+    if original is None or getattr(original, "_skips_idle_grace", False):
+        return original is not None
+
+    @functools.wraps(original)
+    def terminate_if_any_left(allowed_pgids: Any) -> Any:
+        if not any(_process_group_exists(int(g)) for g in allowed_pgids):
+            return None
+        return original(allowed_pgids)
+
+    terminate_if_any_left._skips_idle_grace = True  # type: ignore[attr-defined]
+    launcher_module.terminate_mp_processes = terminate_if_any_left
+    return True
+
+
+# ------------------------------------------------------------------ launcher: the agent's rendezvous step
+# NVRx 0.7's barrier rendezvous sends no keep-alives once a round is closed, so a node lost between the
+# round's close and its workers' start is noticed only after the Wrapper's barrier timeout
+# (docs/nvrx-no-liveness-after-round.md). The beat tells the workers which nodes still have a launcher.
+
+
+def beat_after_rendezvous(launcher_module: Any, beat: Any) -> bool:
+    """Wrap the launcher agent's `_rendezvous` so that `beat` (trainer/launcher/beat.py:
+    LauncherBeat) pauses while this node is in a rendezvous and serves (cycle, group rank) once a round
+    made it active; a hot spare stays inside NVRx's rendezvous until then. Returns whether the installed
+    NVRx has the agent method (False: nothing patched, no beats, workers wait as NVRx ships it)."""
+    agent: Any = getattr(launcher_module, "LocalElasticAgent", None)
+    original = getattr(agent, "_rendezvous", None)
+    if original is None or getattr(original, "_beats", False):
+        return original is not None
+
+    @functools.wraps(original)
+    def rendezvous_then_beat(self: Any, worker_group: Any) -> Any:
+        beat.pause()
+        result = original(self, worker_group)
+        beat.serve(int(self._rdzv_handler.round()), int(worker_group.group_rank))
+        return result
+
+    rendezvous_then_beat._beats = True  # type: ignore[attr-defined]
+    agent._rendezvous = rendezvous_then_beat
+    return True
+
+
+# ------------------------------------------------------------------ barrier rendezvous: Step 0
+# NVRx 0.7's `_wait_for_rendezvous_open` sleeps 1 s before it looks at a round it has just caught up
+# with (docs/nvrx-restart-sleeps.md).
+
+
+def sync_before_round_wait(barrier_module: Any) -> bool:
+    """Wrap the barrier rendezvous' Step 0 (`_RendezvousBarrierState._wait_for_rendezvous_open`) so that
+    it first catches up with the rounds opened since this node's last one, then waits as NVRx does.
+
+    NVRx's loop does that catch-up itself on its first pass, but only after it has found its old round
+    closed, and then sleeps 1 s before it looks at the round it just caught up with: every launcher that
+    restarts its workers lost a second there (docs/nvrx-restart-sleeps.md). Catching up first is what
+    the loop's first pass does anyway (`perform_rendezvous` resets the rate limit before Step 0), so only
+    the order changes. Returns whether the installed NVRx has both methods (False: nothing patched)."""
+    state: Any = getattr(barrier_module, "_RendezvousBarrierState", None)
+    original = getattr(state, "_wait_for_rendezvous_open", None)
+    if original is None or not callable(getattr(state, "_sync_from_per_round_state", None)):
+        return False
+    if getattr(original, "_syncs_first", False):
+        return True
+
+    @functools.wraps(original)
+    def sync_then_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._sync_from_per_round_state()
+        return original(self, *args, **kwargs)
+
+    sync_then_wait._syncs_first = True  # type: ignore[attr-defined]
+    state._wait_for_rendezvous_open = sync_then_wait
+    return True
