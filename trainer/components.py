@@ -53,7 +53,9 @@ class RunConfig:
         "--seed", "seed of model init and data order", default=1234, low=0, why="must be >= 0", chart="seed"
     )
     """Seeds model init and data order; the same seed and steps give bitwise the same final state."""
-    device: Device = setting("--device", "auto: cuda if available", default="auto", choices=DEVICES, chart="device")
+    device: Device = setting(
+        "--device", "auto: cuda if available", default="auto", choices=DEVICES, chart="device"
+    )
     inprocess: bool = setting("--inprocess", "tier-1 in-process restart", default=True, chart="inprocess")
     """Tier 1: wrap the loop in nvidia_resiliency_ext.inprocess.Wrapper."""
     max_repeated_faults: int = setting(
@@ -75,7 +77,9 @@ class RunConfig:
 class ModelOptions:
     """Which model: a preset of trainer.model.PRESETS (checked by TrainConfig, which imports torch)."""
 
-    preset: str = setting("--preset", "model size: a preset of trainer/model.py", default="tiny", chart="preset")
+    preset: str = setting(
+        "--preset", "model size: a preset of trainer/model.py", default="tiny", chart="preset"
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,11 @@ class DataConfig:
     """The token file and how each rank batches it."""
 
     path: Path = setting(
-        "--data-path", "token file (.npy) from python -m trainer.data", kind=Path, required=True, place="DATA_PATH"
+        "--data-path",
+        "token file (.npy) from python -m trainer.data",
+        kind=Path,
+        required=True,
+        place="DATA_PATH",
     )
     """Token file (.npy) written by `python -m trainer.data`."""
     seq_len: int = setting("--seq-len", "tokens per sequence", default=128, chart="seqLen")
@@ -96,7 +104,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
         if not _is_file(self.path):
-            raise ConfigError("data_path", f"{self.path} is not a file (write one with python -m trainer.data)")
+            raise ConfigError(
+                "data_path", f"{self.path} is not a file (write one with python -m trainer.data)"
+            )
         check(self)
 
 
@@ -105,7 +115,12 @@ class MetricsConfig:
     """The Prometheus endpoint of local rank 0 on every node (trainer/metrics_export.py)."""
 
     port: int = setting(
-        "--metrics-port", "Prometheus port per node (0 = off)", default=0, low=0, high=65535, chart="metricsPort"
+        "--metrics-port",
+        "Prometheus port per node (0 = off)",
+        default=0,
+        low=0,
+        high=65535,
+        chart="metricsPort",
     )
     linger: float = setting(
         "--metrics-linger",
@@ -135,7 +150,9 @@ class FaultConfig:
         chart="faults",
     )
     """Parsed specs (trainer/faults.py); the chart renders its `faults` map as one --fault per entry."""
-    seed: int = setting("--fault-seed", "seed for rank=random", default=0, low=0, why="must be >= 0", chart="faultSeed")
+    seed: int = setting(
+        "--fault-seed", "seed for rank=random", default=0, low=0, why="must be >= 0", chart="faultSeed"
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "specs", tuple(self.specs))

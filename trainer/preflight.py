@@ -161,7 +161,10 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     env = os.environ if env is None else env
     world = world_from_env(env)
     check_token_file(
-        cfg.data.path, vocab_size=cfg.arch.vocab_size, seq_len=cfg.data.seq_len, world_size=world.world_size or 1
+        cfg.data.path,
+        vocab_size=cfg.arch.vocab_size,
+        seq_len=cfg.data.seq_len,
+        world_size=world.world_size or 1,
     )
     check_dirs(cfg)
     check_fault_targets(cfg, world)

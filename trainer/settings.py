@@ -149,9 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser, component: str, cls: type) ->
 
 def parsed(args: argparse.Namespace, component: str, cls: type) -> dict[str, Any]:
     """The parsed values of the options of `cls`, by field name (what `add_arguments` added)."""
-    return {
-        f.name: getattr(args, dest(component, f)) for f, spec in declared(cls) if spec.flag is not None
-    }
+    return {f.name: getattr(args, dest(component, f)) for f, spec in declared(cls) if spec.flag is not None}
 
 
 def check(obj: Any) -> None:

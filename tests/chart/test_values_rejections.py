@@ -147,7 +147,8 @@ CANNOT_RUN = [
     ({"faults": {"a": "node-loss:step=1:node=2"}}, "names node 2, but the run has 2 nodes"),
     (
         {"faults": {"a": "ckpt-crash:step=1000"}, "ckptInterval": 300},
-        "never fires: no checkpoint is saved at or after step 1000 (steps 1000: the last save follows step 999)",
+        "never fires: no checkpoint is saved at or after step 1000 "
+        "(steps 1000: the last save follows step 999)",
     ),
     ({"seqLen": 8193}, "seqLen: 8193 is more than preset 8b supports (8192)"),
     ({"preset": "tiny", "seqLen": 513}, "seqLen: 513 is more than preset tiny supports (512)"),

@@ -11,7 +11,8 @@ from trainer.checkpoint.policy import is_due
 from trainer.settings import check, setting
 
 DEFAULT_DIR = Path("/dev/shm/trainer-snapshots")
-"""The pod's memory-backed /dev/shm: the one owner of this place (the chart renders no --snapshot-dir)."""
+"""In the pod's memory-backed /dev/shm. The chart renders this path as the pod's SNAPSHOT_DIR place
+(Contract 2: local runs swap it); tests/trainer/config/test_chart_table.py keeps the two equal."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_co
 from trainer.components import CHART_TABLE, COMPONENTS, chart_values
 from trainer.config import TrainConfig, make_parser
 from trainer.settings import declared
+from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
 
 REPO = Path(__file__).resolve().parents[3]
 POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
@@ -112,10 +113,13 @@ def test_a_value_set_through_the_table_arrives_in_its_field(tmp_path: Path) -> N
     args = container["args"][container["args"].index("trainer") + 1 :]
     rendered = {a.split("=", 1)[0].replace("--no-", "--") for a in args}
     assert rendered == {r.flag for r in CHART_TABLE}
-    assert {r.value for r in CHART_TABLE if r.is_place} <= set(env_of(container))
+    env = env_of(container)
+    assert {r.value for r in CHART_TABLE if r.is_place} <= set(env)
+    # The one place with a fixed path on the cluster: the chart's is the trainer's default.
+    assert env["SNAPSHOT_DIR"] == str(SNAPSHOT_DEFAULT_DIR)
 
 
 def test_chart_values_refuses_a_field_no_chart_value_renders() -> None:
-    with pytest.raises(KeyError, match="ckpt.collective_timeout_s"):
+    with pytest.raises(KeyError, match=r"ckpt\.collective_timeout_s"):
         chart_values({"ckpt.collective_timeout_s": 3.0})
     assert chart_values({"ckpt.interval_steps": 300}) == {"ckptInterval": 300}
