@@ -138,37 +138,46 @@ def pod_values(cfg: RecoveryConfig, sc: Scenario) -> dict[str, Any]:
     """The chart values of one scenario: one local node, the benchmark's run and timeouts. The launcher's
     stop and term timeouts and the rendezvous join timeout keep ft_launcher's and torch's own defaults
     (30 s, 1800 s, 600 s), which the recovery figures were measured with."""
-    return {
+    from trainer.components import chart_values
+    from trainer.resilience.timeouts import DEFAULT_LIVENESS_TIMEOUT
+
+    launcher = {
         "nodes": 1,
         "gpusPerNode": cfg.nproc,
         "maxRestarts": sc.launcher_restarts,
         "monitorInterval": cfg.monitor_interval,
-        "ftRankHeartbeatTimeout": cfg.heartbeat_timeout,
         "ftInitialRankHeartbeatTimeout": cfg.initial_heartbeat_timeout,
         "ftWorkloadCheckInterval": cfg.workload_check_interval,
         "workersStopTimeout": 30,
         "terminationGracePeriodSeconds": 1810,  # the chart passes --term-timeout = this - 10
         "rdzvJoinTimeout": 600,
-        "preset": cfg.preset,
-        "seqLen": cfg.seq_len,
-        "microBatchSize": cfg.micro_batch_size,
-        "steps": cfg.steps,
-        "seed": 0,
-        "ckptInterval": cfg.ckpt_interval,
-        "ckptKeep": 3,
-        "ckptMode": cfg.ckpt_mode or "nvrx",
-        "inprocess": sc.inprocess,
-        "collectiveTimeout": cfg.collective_timeout,
-        "inprocessSoftTimeout": cfg.inprocess_soft_timeout,
-        "inprocessHardTimeout": cfg.inprocess_hard_timeout,
-        "inprocessBarrierTimeout": cfg.inprocess_barrier_timeout,
-        "inprocessLivenessTimeout": min(10, cfg.inprocess_hard_timeout),  # must not exceed the hard one
-        # The tiers' recovery from the durable checkpoint, as the figures in RESULTS.md were measured;
-        # recovery from in-memory snapshots is bench.snapshot's.
-        "snapshotInterval": 0,
-        "faults": {"bench": f"{sc.fault}:step={cfg.fault_step}:rank={sc.fault_rank}"},
         "extraTrainerArgs": list(cfg.extra_trainer_args),
     }
+    trainer = chart_values(
+        {
+            "model.preset": cfg.preset,
+            "data.seq_len": cfg.seq_len,
+            "data.micro_batch_size": cfg.micro_batch_size,
+            "run.steps": cfg.steps,
+            "run.seed": 0,
+            "run.inprocess": sc.inprocess,
+            "ckpt.interval_steps": cfg.ckpt_interval,
+            "ckpt.keep_latest": 3,
+            "ckpt.mode": cfg.ckpt_mode or "nvrx",
+            "timeouts.collective_timeout": cfg.collective_timeout,
+            "timeouts.inprocess_soft_timeout": cfg.inprocess_soft_timeout,
+            "timeouts.inprocess_hard_timeout": cfg.inprocess_hard_timeout,
+            "timeouts.inprocess_barrier_timeout": cfg.inprocess_barrier_timeout,
+            "timeouts.heartbeat_timeout": cfg.heartbeat_timeout,
+            # The trainer's own default, as a value the chart can check against the hard timeout.
+            "timeouts.inprocess_liveness_timeout": min(DEFAULT_LIVENESS_TIMEOUT, cfg.inprocess_hard_timeout),
+            # The tiers' recovery from the durable checkpoint, as the figures in RESULTS.md were measured;
+            # recovery from in-memory snapshots is bench.snapshot's.
+            "snapshot.interval_steps": 0,
+            "faults.specs": {"bench": f"{sc.fault}:step={cfg.fault_step}:rank={sc.fault_rank}"},
+        }
+    )
+    return {**launcher, **trainer}
 
 
 def pod_command(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path, port: int) -> list[str]:

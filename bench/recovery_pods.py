@@ -143,29 +143,37 @@ class PodsConfig:
 
 def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
     """The chart values of a scenario: the demo's timeouts, a small sync-checkpointed CPU run."""
+    from trainer.components import chart_values
+
+    trainer = chart_values(
+        {
+            "model.preset": "tiny",
+            "data.seq_len": 32,
+            "data.micro_batch_size": 2,
+            "run.steps": sc.steps or cfg.steps,
+            "run.seed": 0,
+            "run.inprocess": sc.inprocess,
+            "ckpt.interval_steps": cfg.ckpt_interval,
+            "ckpt.keep_latest": 3,
+            "ckpt.mode": "nvrx",  # the chart's mode: what a cluster runs
+            # Without snapshots recovery is from the checkpoint; with them (and replication, which needs
+            # the 2 nodes) the lost node's state comes back from its peer's replica.
+            "snapshot.interval_steps": 1 if sc.snapshots else 0,
+            "snapshot.replication": sc.snapshots,
+            "timeouts.collective_timeout": 10,
+            "timeouts.inprocess_soft_timeout": 15,
+            "timeouts.inprocess_hard_timeout": 20,
+            "timeouts.inprocess_barrier_timeout": 25,
+            "timeouts.heartbeat_timeout": 30,
+            "timeouts.inprocess_liveness_timeout": cfg.liveness_s,
+            "faults.specs": {f"f{i}": spec for i, spec in enumerate(sc.faults)},
+        }
+    )
     return {
+        **trainer,
         "nodes": sc.nodes,
         "spareNodes": sc.spares,
         "gpusPerNode": sc.nproc,
-        "preset": "tiny",
-        "seqLen": 32,
-        "microBatchSize": 2,
-        "steps": sc.steps or cfg.steps,
-        "seed": 0,
-        "ckptInterval": cfg.ckpt_interval,
-        "ckptKeep": 3,
-        "ckptMode": "nvrx",  # the chart's mode: what a cluster runs
-        # Without snapshots recovery is from the checkpoint; with them (and replication, which needs
-        # the 2 nodes) the lost node's state comes back from its peer's replica.
-        "snapshotInterval": 1 if sc.snapshots else 0,
-        "snapshotReplication": sc.snapshots,
-        "inprocess": sc.inprocess,
-        "collectiveTimeout": 10,
-        "inprocessSoftTimeout": 15,
-        "inprocessHardTimeout": 20,
-        "inprocessBarrierTimeout": 25,
-        "ftRankHeartbeatTimeout": 30,
-        "inprocessLivenessTimeout": cfg.liveness_s,
         "ftInitialRankHeartbeatTimeout": 60,
         "ftWorkloadCheckInterval": 1,
         "monitorInterval": 0.5,
@@ -174,7 +182,6 @@ def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 15,
         "rdzvJoinTimeout": 120,
         "rdzvLastCallTimeout": cfg.last_call_s,
-        "faults": {f"f{i}": spec for i, spec in enumerate(sc.faults)},
     }
 
 

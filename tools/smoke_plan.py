@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.components import chart_values
+
 SUMMARY_MARKER = "RUN_SUMMARY "
 
 # Contract 1 (docs/design.md): the values infra sets; the smoke run keeps them and overrides the rest.
@@ -59,23 +61,29 @@ def smoke_values(
     if world < 2:
         raise SmokeError("the smoke run needs at least 2 ranks (nodes x gpusPerNode)")
     values.update(
+        chart_values(
+            {
+                "model.preset": plan.preset,
+                "data.seq_len": plan.seq_len,
+                "data.micro_batch_size": plan.micro_batch_size,
+                "run.steps": plan.steps,
+                "ckpt.interval_steps": plan.ckpt_interval,
+                "ckpt.keep_latest": 2,
+                "faults.specs": {
+                    # Tier 1: a Python exception on one rank; the in-process Wrapper restarts every rank.
+                    "soft": f"exception:step={plan.soft_fault_step}:rank=1",
+                    # Tier 2: a rank process dies; ft_launcher restarts the workers. The last rank lives
+                    # on the last pod, so with several nodes the restart crosses pods.
+                    "hard": f"sigkill:step={plan.hard_fault_step}:rank={world - 1}",
+                },
+            }
+        )
+    )
+    values.update(
         {
             "runName": run_name,
-            "preset": plan.preset,
-            "seqLen": plan.seq_len,
-            "microBatchSize": plan.micro_batch_size,
-            "steps": plan.steps,
-            "ckptInterval": plan.ckpt_interval,
-            "ckptKeep": 2,
             "dataPath": plan.data_path,
             "syntheticTokens": plan.synthetic_tokens,
-            "faults": {
-                # Tier 1: a Python exception on one rank; the in-process Wrapper restarts every rank.
-                "soft": f"exception:step={plan.soft_fault_step}:rank=1",
-                # Tier 2: a rank process dies; ft_launcher restarts the workers. The last rank lives on
-                # the last pod, so with several nodes the restart crosses pods.
-                "hard": f"sigkill:step={plan.hard_fault_step}:rank={world - 1}",
-            },
             # A smoke run that hangs should not hold GPU nodes for long.
             "activeDeadlineSeconds": 3600,
         }

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ranks = f"{world.world_size} ranks" if world.world_size else "world size not known here"
         print(
             error_line_safe(
-                f"config ok: preset {cfg.preset}, {cfg.steps} steps, {ranks}, data {cfg.data_path}"
+                f"config ok: preset {cfg.model.preset}, {cfg.run.steps} steps, {ranks}, data {cfg.data.path}"
             )
         )
         return 0

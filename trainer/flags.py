@@ -14,6 +14,8 @@ import math
 import re
 from typing import NoReturn
 
+from trainer.settings import ConfigError
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _INT = re.compile(r"-?[0-9]+")
 _FLOAT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
@@ -50,8 +52,6 @@ class FlagParser(argparse.ArgumentParser):
         self.register("type", float, finite_float)
 
     def error(self, message: str) -> NoReturn:
-        from trainer.config import ConfigError  # config imports this module
-
         raise ConfigError(_field_of(message), _why_of(message))
 
 

@@ -80,7 +80,7 @@ def check_writable_dir(field: str, path: Path) -> None:
 
 
 def check_dirs(cfg: TrainConfig) -> None:
-    check_writable_dir("out_dir", cfg.out_dir)
+    check_writable_dir("out_dir", cfg.run.out_dir)
     check_writable_dir("ckpt_dir", cfg.ckpt.dir)
     if cfg.ckpt.local_dir is not None:
         check_writable_dir("ckpt_local_dir", cfg.ckpt.local_dir)
@@ -88,7 +88,7 @@ def check_dirs(cfg: TrainConfig) -> None:
 
 def check_fault_targets(cfg: TrainConfig, world: World) -> None:
     """Every fault targets a rank (or, for node-loss, a node) that exists, when the world is known."""
-    for spec in cfg.faults:
+    for spec in cfg.faults.specs:
         if spec.kind == "node-loss":
             if world.nnodes is not None and spec.node >= world.nnodes:
                 raise ConfigError("fault", f"{spec}: node {spec.node} does not exist ({world.nnodes} nodes)")
@@ -161,9 +161,12 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     env = os.environ if env is None else env
     world = world_from_env(env)
     check_token_file(
-        cfg.data_path, vocab_size=cfg.model.vocab_size, seq_len=cfg.seq_len, world_size=world.world_size or 1
+        cfg.data.path,
+        vocab_size=cfg.arch.vocab_size,
+        seq_len=cfg.data.seq_len,
+        world_size=world.world_size or 1,
     )
     check_dirs(cfg)
     check_fault_targets(cfg, world)
-    check_metrics_port(cfg.metrics_port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
+    check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
     return world

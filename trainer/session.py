@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,7 +67,7 @@ class TrainerState(Stateful):
 
 
 def select_device(cfg: TrainConfig, local_rank: int) -> torch.device:
-    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+    if cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -116,20 +116,19 @@ class Session:
             device_id=device if device.type == "cuda" else None,
         )
         self.mesh = init_device_mesh(device.type, (proc.world_size,))
-        self.model = build_model(cfg.model, mesh=self.mesh, device=device, seed=cfg.seed)
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        self.model = build_model(cfg.arch, mesh=self.mesh, device=device, seed=cfg.run.seed)
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=cfg.run.lr)
         cursor = BatchCursor(
-            TokenDataset(cfg.data_path),
-            cfg.seq_len,
-            cfg.micro_batch_size,
+            TokenDataset(cfg.data.path),
+            cfg.data.seq_len,
+            cfg.data.micro_batch_size,
             proc.rank,
             proc.world_size,
-            cfg.seed,
+            cfg.run.seed,
         )
         self.trainer = TrainerState(cursor)
-        ckpt_cfg = replace(cfg.ckpt, collective_timeout_s=cfg.timeouts.collective_timeout)
         manager = CheckpointManager(
-            ckpt_cfg,
+            cfg.ckpt,
             rank=proc.rank,
             world_size=proc.world_size,
             hooks=CheckpointHooks(
@@ -137,7 +136,7 @@ class Session:
             ),
             events=events,
         )
-        self.ckpt = CheckpointLoop(manager, ckpt_cfg, events, rank=proc.rank, last_step=cfg.steps - 1)
+        self.ckpt = CheckpointLoop(manager, cfg.ckpt, events, rank=proc.rank, last_step=cfg.run.steps - 1)
 
     def state(self) -> dict[str, Any]:
         return {"model": self.model, "optim": self.optim, "trainer": self.trainer}

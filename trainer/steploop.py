@@ -41,13 +41,13 @@ def train_steps(
         raise RuntimeError(f"checkpoint of step {restored} holds trainer step {s.trainer.step}")
     heartbeat.start()
 
-    tokens = cfg.micro_batch_size * cfg.seq_len * proc.world_size
+    tokens = cfg.data.micro_batch_size * cfg.data.seq_len * proc.world_size
     loss_buf = torch.zeros(1, device=next(s.model.parameters()).device)
-    for step in range(s.trainer.step + 1, cfg.steps):
+    for step in range(s.trainer.step + 1, cfg.run.steps):
         faults.at_step(step, corrupt_newest=lambda: corrupt_newest(s))
         t_start = time.time()
         inputs, targets = s.trainer.cursor.next_batch()
-        check_batch_tokens(inputs, targets, cfg.model.vocab_size, step=step, path=cfg.data_path)
+        check_batch_tokens(inputs, targets, cfg.arch.vocab_size, step=step, path=cfg.data.path)
         device = loss_buf.device
         logits = s.model(inputs.to(device))
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.to(device).flatten())

@@ -45,15 +45,15 @@ class Trainer:
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
         self.metrics = open_metrics_server(
-            cfg.out_dir, cfg.metrics_port, rank=self.proc.rank, local_rank=self.proc.local_rank
+            cfg.run.out_dir, cfg.metrics.port, rank=self.proc.rank, local_rank=self.proc.local_rank
         )
-        self.events = EventLog(cfg.out_dir, self.proc.rank)
-        specs = resolve_ranks(cfg.faults, self.proc.world_size, cfg.fault_seed)
+        self.events = EventLog(cfg.run.out_dir, self.proc.rank)
+        specs = resolve_ranks(cfg.faults.specs, self.proc.world_size, cfg.faults.seed)
         self.faults = FaultInjector(
             specs,
             rank=self.proc.rank,
             node=self.proc.node,
-            marker_dir=cfg.out_dir / "faults",
+            marker_dir=cfg.run.out_dir / "faults",
             emit=lambda kind, step: self.events.emit("fault_injected", fault=kind, step=step),
         )
         from trainer.resilience.hangtimeout import policy_from_config
@@ -130,7 +130,7 @@ class Trainer:
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
             ping(call_wrapper)
             if self.proc.rank == 0:
-                write_summary(self.cfg.out_dir)
+                write_summary(self.cfg.run.out_dir)
             self.snapshots.finish()
             ping(call_wrapper)
             session.teardown()
@@ -190,7 +190,7 @@ def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | No
     from trainer.verdict import record_unrecoverable, recorded_line
 
     gave_up = False
-    if cfg.inprocess:
+    if cfg.run.inprocess:
         from trainer.resilience.inprocess import GiveUp
 
         gave_up = isinstance(exc, GiveUp)
@@ -229,10 +229,10 @@ def main(cfg: TrainConfig) -> int:
     # catches a rank that hangs while starting (start() is idempotent; the loop calls it again).
     trainer.heartbeat.start()
     try:
-        if cfg.inprocess:
+        if cfg.run.inprocess:
             from trainer.resilience.inprocess import run_inprocess
 
-            guard = RepeatGuard(cfg.max_repeated_faults)
+            guard = RepeatGuard(cfg.run.max_repeated_faults)
             run_inprocess(
                 trainer.run_iteration, cfg.timeouts, trainer.ports, guard, lambda: trainer.failed_at
             )
@@ -250,7 +250,7 @@ def main(cfg: TrainConfig) -> int:
             trainer.events.emit("run_end", step=trainer.last_step, status="failed")
             return status
         left = None
-        if cfg.inprocess:
+        if cfg.run.inprocess:
             from trainer.resilience.inprocess import left_for_tier2
 
             left = left_for_tier2(exc)
@@ -260,14 +260,14 @@ def main(cfg: TrainConfig) -> int:
                 trainer.events.emit("fault_detected", tier=2, reason=one_line(exc))
         trainer.events.emit("run_end", step=trainer.last_step, status="failed")
         log.error("training failed: %s", one_line(exc))
-        if cfg.inprocess and left is not None:
+        if cfg.run.inprocess and left is not None:
             _exit_for_tier2(trainer)
         raise
     finally:
         trainer.heartbeat.stop()
         trainer.events.close()
     if trainer.metrics is not None:  # a completed run: let the collector see its final figures
-        trainer.metrics.linger(cfg.metrics_linger)
+        trainer.metrics.linger(cfg.metrics.linger)
     return 0
 
 

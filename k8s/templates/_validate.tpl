@@ -75,16 +75,16 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- fail (printf "faults.%s: %q needs step=N (the global step where it fires)" $name $spec) }}
 {{- end }}
 {{- $step := get $seen "step" | int }}
+{{- $last := sub (int $v.steps) 1 }}
 {{- if has $kind (list "ckpt-crash" "ckpt-write-error") }}
-{{- /* It fires in the first save at or after its step; a save follows step s when (s+1) % ckptInterval == 0. */}}
-{{- $interval := int $v.ckptInterval }}
-{{- $save := max $step (sub $interval 1) }}
-{{- $save = add $save (mod (sub $interval (mod (add $save 1) $interval)) $interval) }}
-{{- if ge $save (int $v.steps) }}
-{{- fail (printf "faults.%s: %q never fires: no checkpoint is saved at or after step %d (steps %d, ckptInterval %d)" $name $spec $step (int $v.steps) $interval) }}
+{{- /* It fires in the first save at or after its step (trainer/checkpoint/policy.py next_due). The run's
+     last step always saves (policy.is_due), so whatever ckptInterval is, there is such a save exactly
+     when the step is in the run (tests/trainer/config/test_chart_agreement.py checks both agree). */}}
+{{- if gt $step $last }}
+{{- fail (printf "faults.%s: %q never fires: no checkpoint is saved at or after step %d (steps %d: the last save follows step %d)" $name $spec $step (int $v.steps) $last) }}
 {{- end }}
-{{- else if ge $step (int $v.steps) }}
-{{- fail (printf "faults.%s: %q never fires: steps are 0 to %d (steps %d)" $name $spec (sub (int $v.steps) 1) (int $v.steps)) }}
+{{- else if gt $step $last }}
+{{- fail (printf "faults.%s: %q never fires: steps are 0 to %d (steps %d)" $name $spec $last (int $v.steps)) }}
 {{- end }}
 {{- $rank := get $seen "rank" }}
 {{- if and $rank (ne $rank "random") (ge (int $rank) $world) }}

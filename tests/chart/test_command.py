@@ -135,15 +135,15 @@ def test_trainer_accepts_the_rendered_flags(tmp_path: Path) -> None:
     faults = {"b-hard": "sigkill:step=40:rank=3", "a-soft": "exception:step=20:rank=1"}
     values = {"preset": "small", "steps": 60, "seqLen": 256, "faults": faults, "lr": 1e-4}
     cfg = parse_trainer(tmp_path, values)
-    assert cfg.preset == "small"
-    assert cfg.steps == 60
-    assert cfg.seq_len == 256
-    assert cfg.lr == pytest.approx(1e-4)
-    assert cfg.inprocess is True
-    assert [(f.kind, f.step, f.rank) for f in cfg.faults] == [("exception", 20, 1), ("sigkill", 40, 3)]
+    assert cfg.model.preset == "small"
+    assert cfg.run.steps == 60
+    assert cfg.data.seq_len == 256
+    assert cfg.run.lr == pytest.approx(1e-4)
+    assert cfg.run.inprocess is True
+    assert [(f.kind, f.step, f.rank) for f in cfg.faults.specs] == [("exception", 20, 1), ("sigkill", 40, 3)]
     assert str(cfg.ckpt.local_dir) == "/local-nvme/checkpoints/smoke-trainer"
     assert cfg.ckpt.mode == "nvrx"
-    assert parse_trainer(tmp_path, {"inprocess": False}).inprocess is False
+    assert parse_trainer(tmp_path, {"inprocess": False}).run.inprocess is False
 
 
 def test_default_flags_parse_as_the_trainer_expects() -> None:
@@ -151,8 +151,8 @@ def test_default_flags_parse_as_the_trainer_expects() -> None:
 
     _, trainer_flags = split(pod_argv()[0])
     args = make_parser().parse_args(trainer_flags)
-    assert (args.preset, args.seq_len, args.device) == ("8b", 4096, "cuda")
-    assert str(args.data_path) == "/fsx/data/tokens.npy"
+    assert (args.model__preset, args.data__seq_len, args.run__device) == ("8b", 4096, "cuda")
+    assert str(args.data__path) == "/fsx/data/tokens.npy"
 
 
 def test_one_heartbeat_value_reaches_launcher_and_trainer() -> None:
@@ -331,4 +331,4 @@ def test_local_cpu_example_is_a_valid_trainer_config(tmp_path: Path) -> None:
     local = yaml.safe_load((CHART / "examples" / "local-cpu.yaml").read_text())
     cfg = parse_trainer(tmp_path, local)
     assert cfg.timeouts.heartbeat_timeout == local["ftRankHeartbeatTimeout"]
-    assert {f.kind for f in cfg.faults} == {"exception", "sigkill"}
+    assert {f.kind for f in cfg.faults.specs} == {"exception", "sigkill"}

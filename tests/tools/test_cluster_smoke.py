@@ -313,9 +313,9 @@ def test_installed_values_render_a_valid_faulted_run(tmp_path: Path) -> None:
     np.save(tmp_path / "t.npy", np.zeros(1024, dtype=np.uint16))
     cfg = config_from_args(args[args.index("trainer") + 1 :], env={})
     world = int(env["NNODES"]) * int(env["NPROC_PER_NODE"])
-    kinds = {f.kind: f for f in cfg.faults}
+    kinds = {f.kind: f for f in cfg.faults.specs}
     assert set(kinds) == {"exception", "sigkill"}
-    assert kinds["exception"].step < kinds["sigkill"].step < cfg.steps
+    assert kinds["exception"].step < kinds["sigkill"].step < cfg.run.steps
     assert kinds["sigkill"].rank == world - 1
     assert env["OUT_DIR"].startswith("/fsx/runs/trainer-smoke-")  # a fresh run directory each time
 

@@ -29,7 +29,7 @@ def _args(data: Path, *extra: str) -> list[str]:
 
 def test_defaults_parse_and_nest(data: Path) -> None:
     cfg = config_from_args(_args(data), env={})
-    assert cfg.preset == "tiny" and cfg.inprocess and cfg.ckpt.dir == Path("/tmp/unused-out/ckpt")
+    assert cfg.model.preset == "tiny" and cfg.run.inprocess and cfg.ckpt.dir == Path("/tmp/unused-out/ckpt")
     t = cfg.timeouts
     assert (
         t.collective_timeout
@@ -38,7 +38,7 @@ def test_defaults_parse_and_nest(data: Path) -> None:
         < t.inprocess_barrier_timeout
         < t.heartbeat_timeout
     )
-    assert cfg.to_dict()["data_path"] == str(data)
+    assert cfg.to_dict()["data"]["path"] == str(data)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_faults_come_from_cli_and_env(data: Path) -> None:
         _args(data, "--fault", "exception:step=3:rank=1"),
         env={"TRAINER_FAULTS": "sigkill:step=5 ; node-loss:step=7:node=1"},
     )
-    assert [str(f) for f in cfg.faults] == [
+    assert [str(f) for f in cfg.faults.specs] == [
         "exception:step=3:rank=1:node=0",
         "sigkill:step=5:rank=0:node=0",
         "node-loss:step=7:rank=0:node=1",

@@ -50,29 +50,29 @@ class Flag:
 
 
 FLAGS = [
-    Flag("--preset", "choice", lambda c: c.preset, ("tiny", "small", "1b", "8b", "70b")),
-    Flag("--data-path", "path", lambda c: c.data_path),
-    Flag("--seq-len", "int", lambda c: c.seq_len),
-    Flag("--micro-batch-size", "int", lambda c: c.micro_batch_size),
-    Flag("--steps", "int", lambda c: c.steps),
-    Flag("--lr", "float", lambda c: c.lr),
-    Flag("--seed", "int", lambda c: c.seed),
+    Flag("--preset", "choice", lambda c: c.model.preset, ("tiny", "small", "1b", "8b", "70b")),
+    Flag("--data-path", "path", lambda c: c.data.path),
+    Flag("--seq-len", "int", lambda c: c.data.seq_len),
+    Flag("--micro-batch-size", "int", lambda c: c.data.micro_batch_size),
+    Flag("--steps", "int", lambda c: c.run.steps),
+    Flag("--lr", "float", lambda c: c.run.lr),
+    Flag("--seed", "int", lambda c: c.run.seed),
     Flag("--ckpt-dir", "path", lambda c: c.ckpt.dir),
     Flag("--ckpt-local-dir", "path", lambda c: c.ckpt.local_dir),
     Flag("--ckpt-interval", "int", lambda c: c.ckpt.interval_steps),
     Flag("--ckpt-keep", "int", lambda c: c.ckpt.keep_latest),
     Flag("--ckpt-mode", "choice", lambda c: c.ckpt.mode, ("nvrx", "torch-async", "sync")),
-    Flag("--out-dir", "path", lambda c: c.out_dir),
+    Flag("--out-dir", "path", lambda c: c.run.out_dir),
     Flag("--collective-timeout", "float", lambda c: c.timeouts.collective_timeout),
     Flag("--inprocess-soft-timeout", "float", lambda c: c.timeouts.inprocess_soft_timeout),
     Flag("--inprocess-hard-timeout", "float", lambda c: c.timeouts.inprocess_hard_timeout),
     Flag("--inprocess-barrier-timeout", "float", lambda c: c.timeouts.inprocess_barrier_timeout),
     Flag("--heartbeat-timeout", "float", lambda c: c.timeouts.heartbeat_timeout),
-    Flag("--fault", "fault", lambda c: c.faults),
-    Flag("--fault-seed", "int", lambda c: c.fault_seed),
-    Flag("--metrics-port", "int", lambda c: c.metrics_port),
-    Flag("--max-repeated-faults", "int", lambda c: c.max_repeated_faults),
-    Flag("--device", "choice", lambda c: c.device, ("auto", "cpu", "cuda")),
+    Flag("--fault", "fault", lambda c: c.faults.specs),
+    Flag("--fault-seed", "int", lambda c: c.faults.seed),
+    Flag("--metrics-port", "int", lambda c: c.metrics.port),
+    Flag("--max-repeated-faults", "int", lambda c: c.run.max_repeated_faults),
+    Flag("--device", "choice", lambda c: c.run.device, ("auto", "cpu", "cuda")),
 ]
 BY_NAME = {f.name: f for f in FLAGS}
 
@@ -290,11 +290,10 @@ def generate(data: Path, out: Path, tmp: Path) -> list[Case]:
 
 def known_fields() -> set[str]:
     """Field names a rejection may name: config dataclass fields and every option's name."""
-    from trainer.checkpoint.config import CheckpointConfig
+    from trainer.components import COMPONENTS
     from trainer.config import TrainConfig, make_parser
-    from trainer.resilience.timeouts import Timeouts
 
-    names = {f.name for cls in (TrainConfig, CheckpointConfig, Timeouts) for f in fields(cls)}
+    names = {f.name for cls in (TrainConfig, *COMPONENTS.values()) for f in fields(cls)}
     actions = make_parser()._actions
     options = {a.dest for a in actions} | {
         o.lstrip("-").replace("-", "_") for a in actions for o in a.option_strings

@@ -96,7 +96,7 @@ def policy_from_config(cfg: Any, rank: int) -> HangPolicy | None:
         factor=t.hang_timeout_factor,
         warmup_steps=warmup,
         ceiling_s=t.heartbeat_timeout,
-        state_path=Path(cfg.out_dir) / STATE_DIR / f"rank{rank}.json",
+        state_path=Path(cfg.run.out_dir) / STATE_DIR / f"rank{rank}.json",
     )
 
 

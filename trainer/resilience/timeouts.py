@@ -12,7 +12,8 @@ kills work that a fast tier would have saved. From inner to outer:
 Liveness is apart from that chain: `inprocess_liveness_timeout` is how long the Wrapper's monitor processes
 (one per rank, beating every second from their own process, whatever the step time) wait for a missing
 peer before declaring it dead. A node that vanishes without closing its sockets is noticed this way, so
-it is short (10 s by default, so a lost node is noticed within ~11 s), only bounded by one heartbeat
+it is short (DEFAULT_LIVENESS_TIMEOUT by default, so a lost node is noticed within that plus one
+heartbeat interval), only bounded by one heartbeat
 interval below and by `inprocess_hard_timeout` above (beyond it the hard timeout acts first).
 
 `heartbeat_timeout` here must equal the launcher's `--ft-rank-heartbeat-timeout` (the chart renders both
@@ -63,6 +64,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from trainer.settings import setting
+
 PG_PORT_OFFSET = 1
 INPROCESS_PORT_OFFSET = 2
 DEFAULT_LIVENESS_TIMEOUT = 10.0
@@ -82,26 +85,63 @@ class TimeoutNestingError(ValueError):
 class Timeouts:
     """All recovery timeouts in seconds. `check()` enforces the nesting documented above."""
 
-    collective_timeout: float = 60.0
+    collective_timeout: float = setting(
+        "--collective-timeout", "seconds", default=60.0, chart="collectiveTimeout"
+    )
     """Timeout of every collective of the training process group (gloo or NCCL)."""
-    inprocess_soft_timeout: float = 90.0
+    inprocess_soft_timeout: float = setting(
+        "--inprocess-soft-timeout", "seconds", default=90.0, chart="inprocessSoftTimeout"
+    )
     """Tier 1: seconds without progress before a rank is aborted and restarted in-process."""
-    inprocess_hard_timeout: float = 120.0
+    inprocess_hard_timeout: float = setting(
+        "--inprocess-hard-timeout", "seconds", default=120.0, chart="inprocessHardTimeout"
+    )
     """Tier 1: seconds without progress before a rank is terminated."""
-    inprocess_barrier_timeout: float = 180.0
+    inprocess_barrier_timeout: float = setting(
+        "--inprocess-barrier-timeout", "seconds", default=180.0, chart="inprocessBarrierTimeout"
+    )
     """Tier 1: how long ranks wait for each other at the Wrapper's barriers."""
-    heartbeat_timeout: float = 300.0
+    heartbeat_timeout: float = setting(
+        "--heartbeat-timeout",
+        "= ft_launcher --ft-rank-heartbeat-timeout",
+        default=300.0,
+        chart="ftRankHeartbeatTimeout",
+    )
     """Tier 2: ft_launcher's --ft-rank-heartbeat-timeout (must match the launcher flag)."""
-    inprocess_liveness_timeout: float | None = None
+    inprocess_liveness_timeout: float | None = setting(
+        "--inprocess-liveness-timeout",
+        "seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); default: "
+        f"{DEFAULT_LIVENESS_TIMEOUT:g} or --inprocess-hard-timeout if shorter",
+        default=None,
+        kind=float,
+        chart="inprocessLivenessTimeout",
+    )
     """Tier 1: seconds without a heartbeat from a peer's Wrapper monitor before that peer counts as dead;
     None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
-    hang_timeout_floor: float = 60.0
+    hang_timeout_floor: float = setting(
+        "--hang-timeout-floor",
+        "seconds: the heartbeat timeout calculated from the measured step time is never shorter",
+        default=60.0,
+        chart="hangTimeoutFloor",
+    )
     """Tier 2, steady state: the calculated hang timeout is never shorter than this (seconds)."""
-    hang_timeout_factor: float = 3.0
+    hang_timeout_factor: float = setting(
+        "--hang-timeout-factor",
+        "the calculated heartbeat timeout is this times the longest step (saves included)",
+        default=3.0,
+        chart="hangTimeoutFactor",
+    )
     """Tier 2, steady state: the calculated hang timeout is this times the longest step (incl. saves)."""
-    hang_warmup_steps: int = 20
+    hang_warmup_steps: int = setting(
+        "--hang-warmup-steps",
+        "steps measured (at least --ckpt-interval + 1) before the calculated heartbeat timeout "
+        "replaces --heartbeat-timeout; 0 = never",
+        default=20,
+        chart="hangWarmupSteps",
+    )
     """Steps measured before the calculated hang timeout replaces heartbeat_timeout (at least one
-    checkpoint interval + 1, so a save is measured); 0 keeps heartbeat_timeout for the whole run."""
+    checkpoint interval + 1, so a save is measured); 0 keeps heartbeat_timeout for the whole run.
+    Bounds and nesting of every field: `check` (the chain above)."""
 
     def check(self) -> None:
         """Raise TimeoutNestingError naming the first field that is not positive or does not nest."""

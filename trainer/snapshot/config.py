@@ -7,27 +7,50 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.checkpoint.policy import is_due
+from trainer.settings import check, setting
+
 DEFAULT_DIR = Path("/dev/shm/trainer-snapshots")
+"""In the pod's memory-backed /dev/shm. The chart renders this path as the pod's SNAPSHOT_DIR place
+(Contract 2: local runs swap it); tests/trainer/config/test_chart_table.py keeps the two equal."""
 
 
 @dataclass(frozen=True)
 class SnapshotConfig:
-    interval_steps: int = 0
+    interval_steps: int = setting(
+        "--snapshot-interval",
+        "copy model, optimizer and trainer state into host memory every N steps (0 = off)",
+        default=0,
+        low=0,
+        note=" (0 = off)",
+        chart="snapshotInterval",
+    )
     """Snapshot every this many steps into host memory; 0 turns snapshots off."""
-    dir: Path = DEFAULT_DIR
+    dir: Path = setting(
+        "--snapshot-dir", "memory-backed dir for the snapshots", default=DEFAULT_DIR, place="SNAPSHOT_DIR"
+    )
     """Where the slots live: a memory-backed filesystem (the pod's /dev/shm) so they outlive the
     worker process yet cost no disk. One directory per node; files are named by global rank."""
-    replication: bool = True
+    replication: bool = setting(
+        "--snapshot-replication",
+        "also keep each snapshot on a rank of the next node (needs 2+ nodes)",
+        default=True,
+        chart="snapshotReplication",
+    )
     """Also keep each snapshot on a rank of the next node (trainer/snapshot/replica.py), so a lost node's
     state survives; needs two nodes (off with one) and the memory of three more copies per rank."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dir", Path(self.dir))
+        check(self)
 
     @property
     def enabled(self) -> bool:
         return self.interval_steps > 0
 
     def due(self, step: int) -> bool:
-        """Snapshot after step s (0-based) when (s + 1) is a multiple of the interval."""
-        return self.enabled and (step + 1) % self.interval_steps == 0
+        """Snapshot after step s (0-based) when (s + 1) is a multiple of the interval (no final one)."""
+        return is_due(step, self.interval_steps)
 
 
 def run_fingerprint(identity: dict[str, object]) -> str:

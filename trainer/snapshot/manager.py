@@ -142,12 +142,12 @@ def fingerprint_of(cfg: TrainConfig) -> str:
     """What makes a snapshot this run's: the values that decide the trajectory, and its checkpoint dir."""
     return run_fingerprint(
         {
-            "preset": cfg.preset,
-            "data": str(cfg.data_path.resolve()),
-            "seq_len": cfg.seq_len,
-            "micro_batch_size": cfg.micro_batch_size,
-            "lr": cfg.lr,
-            "seed": cfg.seed,
+            "preset": cfg.model.preset,
+            "data": str(cfg.data.path.resolve()),
+            "seq_len": cfg.data.seq_len,
+            "micro_batch_size": cfg.data.micro_batch_size,
+            "lr": cfg.run.lr,
+            "seed": cfg.run.seed,
             "ckpt_dir": str(cfg.ckpt.dir.resolve()),
         }
     )

@@ -1,0 +1,125 @@
+"""The chart-to-trainer table (trainer/components.py CHART_TABLE), checked both ways: every chart value
+the trainer's command renders has a row, and every row's option exists in the generated CLI, its value
+in values.yaml and values.schema.json, and a value set through the row arrives in its field."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_container
+from trainer.components import CHART_TABLE, COMPONENTS, chart_values
+from trainer.config import TrainConfig, make_parser
+from trainer.settings import declared
+from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
+
+REPO = Path(__file__).resolve().parents[3]
+POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
+
+# One non-default value per row, by field: set through the table, read back from the TrainConfig the
+# trainer parses out of the rendered pod command.
+SAMPLE: dict[str, Any] = {
+    "run.steps": 77,
+    "run.lr": 0.002,
+    "run.seed": 5,
+    "run.device": "cpu",
+    "run.inprocess": False,
+    "run.max_repeated_faults": 2,
+    "model.preset": "tiny",
+    "data.seq_len": 64,
+    "data.micro_batch_size": 2,
+    "timeouts.collective_timeout": 11.0,
+    "timeouts.inprocess_soft_timeout": 12.0,
+    "timeouts.inprocess_hard_timeout": 13.0,
+    "timeouts.inprocess_barrier_timeout": 14.0,
+    "timeouts.heartbeat_timeout": 15.0,
+    "timeouts.inprocess_liveness_timeout": 9.0,
+    "timeouts.hang_timeout_floor": 10.0,
+    "timeouts.hang_timeout_factor": 2.5,
+    "timeouts.hang_warmup_steps": 8,
+    "ckpt.interval_steps": 7,
+    "ckpt.keep_latest": 2,
+    "ckpt.mode": "sync",
+    "ckpt.write_timeout_s": 123.0,
+    "ckpt.failure_limit": 4,
+    "ckpt.allow_fresh_start": True,
+    "snapshot.interval_steps": 3,
+    "snapshot.replication": False,
+    "metrics.port": 9100,
+    "metrics.linger": 7.0,
+    "faults.specs": {"a": "exception:step=3:rank=1"},
+    "faults.seed": 9,
+}
+
+
+def _field_value(cfg: TrainConfig, dotted: str) -> Any:
+    component, name = dotted.split(".")
+    return getattr(getattr(cfg, component), name)
+
+
+def _pod_template_block(name: str) -> str:
+    text = POD_TPL.read_text()
+    start = text.index(f'{{{{- define "{name}" -}}}}')
+    return text[start : text.index("{{- end }}\n\n", start)]
+
+
+def test_every_row_is_an_option_of_the_generated_cli_and_a_chart_value() -> None:
+    options = {o for a in make_parser()._actions for o in a.option_strings}
+    values = yaml.safe_load((REPO / "k8s" / "values.yaml").read_text())
+    schema = json.loads((REPO / "k8s" / "values.schema.json").read_text())["properties"]
+    assert len({r.flag for r in CHART_TABLE}) == len(CHART_TABLE), "one row per option"
+    for row in CHART_TABLE:
+        assert row.flag in options, row
+        if not row.is_place:
+            assert row.value in values, f"{row.value} is not in k8s/values.yaml"
+            assert row.value in schema, f"{row.value} is not in k8s/values.schema.json"
+    # TrainConfig is exactly the components, each declared with `setting` (nothing undeclared).
+    assert [f.name for f in fields(TrainConfig)][:2] == ["data", "ckpt"]
+    assert {f.name for f in fields(TrainConfig)} == set(COMPONENTS)
+    for cls in COMPONENTS.values():
+        assert [f.name for f in fields(cls)] == [f.name for f, _ in declared(cls)], cls
+
+
+def test_every_chart_value_the_trainer_command_reads_has_a_row() -> None:
+    """Both ways, statically: the `$v.<key>` references of the trainer's arguments in _pod.tpl are the
+    table's values (extraTrainerArgs passes options through as written), and the `$(ENV)` ones its places."""
+    block = _pod_template_block("trainer.trainerArgs")
+    read = set(re.findall(r"\$v\.([A-Za-z0-9]+)", block)) - {"extraTrainerArgs"}
+    assert read == {r.value for r in CHART_TABLE if not r.is_place}
+    places = set(re.findall(r"--[a-z-]+=\$\(([A-Z_]+)\)", block))
+    assert places == {r.value for r in CHART_TABLE if r.is_place}
+
+
+def test_a_value_set_through_the_table_arrives_in_its_field(tmp_path: Path) -> None:
+    rows = [r for r in CHART_TABLE if not r.is_place]
+    assert {r.field for r in rows} == set(SAMPLE), "a row without a sample value"
+    values = chart_values(SAMPLE)
+    cfg = rendered_trainer_config(tmp_path, {**values, "nodes": 1})
+    for row in rows:
+        got = _field_value(cfg, row.field)
+        want = SAMPLE[row.field]
+        if row.field == "faults.specs":
+            assert [str(s) for s in got] == ["exception:step=3:rank=1:node=0"]
+        else:
+            assert got == want and type(got) is type(want), (row, got, want)
+    # Every trainer option in the rendered command is a row's (no option the table does not know).
+    container = trainer_container(render({**values, "nodes": 1}))
+    args = container["args"][container["args"].index("trainer") + 1 :]
+    rendered = {a.split("=", 1)[0].replace("--no-", "--") for a in args}
+    assert rendered == {r.flag for r in CHART_TABLE}
+    env = env_of(container)
+    assert {r.value for r in CHART_TABLE if r.is_place} <= set(env)
+    # The one place with a fixed path on the cluster: the chart's is the trainer's default.
+    assert env["SNAPSHOT_DIR"] == str(SNAPSHOT_DEFAULT_DIR)
+
+
+def test_chart_values_refuses_a_field_no_chart_value_renders() -> None:
+    with pytest.raises(KeyError, match=r"ckpt\.collective_timeout_s"):
+        chart_values({"ckpt.collective_timeout_s": 3.0})
+    assert chart_values({"ckpt.interval_steps": 300}) == {"ckptInterval": 300}

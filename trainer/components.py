@@ -1,0 +1,192 @@
+"""The trainer's components and their settings, each declared once (trainer/settings.py).
+
+    run       RunConfig       where the run writes, how long it trains, seeds, device, tier 1
+    model     ModelOptions    the model size (a preset of trainer/model.py)
+    data      DataConfig      the token file and the batch shape
+    timeouts  Timeouts        trainer/resilience/timeouts.py: every recovery timeout, checked to nest
+    ckpt      CheckpointConfig  trainer/checkpoint/config.py
+    snapshot  SnapshotConfig  trainer/snapshot/config.py
+    metrics   MetricsConfig   the Prometheus endpoint
+    faults    FaultConfig     injected faults (trainer/faults.py)
+
+`TrainConfig` (trainer/config.py) holds one of each; the CLI is generated from them in this order, and
+`CHART_TABLE` lists, from the same declarations, which chart value renders which option into which
+field. Stdlib only: the harnesses (tools/, bench/) import this to build chart values without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from trainer.checkpoint.config import CheckpointConfig
+from trainer.faults import FAULT_KINDS, FaultSpec
+from trainer.resilience.timeouts import Timeouts
+from trainer.settings import ChartRow, ConfigError, chart_rows, check, setting
+from trainer.snapshot.config import SnapshotConfig
+
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run as a whole: output, length, optimisation, seeds, device and tier-1 recovery."""
+
+    out_dir: Path = setting(
+        "--out-dir", "events, summary.json, fault markers", default=Path("out/run"), place="OUT_DIR"
+    )
+    """Events, summary.json and fault markers of this run."""
+    steps: int = setting("--steps", "global steps of the whole run", default=100, low=1, chart="steps")
+    """Global steps of the whole run (a resumed run stops at the same step)."""
+    lr: float = setting(
+        "--lr",
+        "AdamW learning rate",
+        default=3e-4,
+        above=0,
+        why="must be a positive finite number, got {value}",
+        chart="lr",
+    )
+    seed: int = setting(
+        "--seed", "seed of model init and data order", default=1234, low=0, why="must be >= 0", chart="seed"
+    )
+    """Seeds model init and data order; the same seed and steps give bitwise the same final state."""
+    device: Device = setting(
+        "--device", "auto: cuda if available", default="auto", choices=DEVICES, chart="device"
+    )
+    inprocess: bool = setting("--inprocess", "tier-1 in-process restart", default=True, chart="inprocess")
+    """Tier 1: wrap the loop in nvidia_resiliency_ext.inprocess.Wrapper."""
+    max_repeated_faults: int = setting(
+        "--max-repeated-faults",
+        "tier 1 gives up when the same exception hits the same step this many times in a row",
+        default=3,
+        low=1,
+        chart="maxRepeatedFaults",
+    )
+    """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
+    this many times in a row: a deterministic bug, not a transient fault."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+        check(self)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model: a preset of trainer.model.PRESETS (checked by TrainConfig, which imports torch)."""
+
+    preset: str = setting(
+        "--preset", "model size: a preset of trainer/model.py", default="tiny", chart="preset"
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The token file and how each rank batches it."""
+
+    path: Path = setting(
+        "--data-path",
+        "token file (.npy) from python -m trainer.data",
+        kind=Path,
+        required=True,
+        place="DATA_PATH",
+    )
+    """Token file (.npy) written by `python -m trainer.data`."""
+    seq_len: int = setting("--seq-len", "tokens per sequence", default=128, chart="seqLen")
+    """Bounded by the preset's max_seq_len (checked by TrainConfig)."""
+    micro_batch_size: int = setting(
+        "--micro-batch-size", "sequences per rank per step", default=4, low=1, chart="microBatchSize"
+    )
+    """Sequences per rank per step (no gradient accumulation)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+        if not _is_file(self.path):
+            raise ConfigError(
+                "data_path", f"{self.path} is not a file (write one with python -m trainer.data)"
+            )
+        check(self)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint of local rank 0 on every node (trainer/metrics_export.py)."""
+
+    port: int = setting(
+        "--metrics-port",
+        "Prometheus port per node (0 = off)",
+        default=0,
+        low=0,
+        high=65535,
+        chart="metricsPort",
+    )
+    linger: float = setting(
+        "--metrics-linger",
+        "seconds a completed run waits for a last scrape",
+        default=0.0,
+        low=0,
+        unit=" seconds",
+        chart="metricsLinger",
+    )
+    """Seconds a completed run's endpoint waits for one more scrape before the process exits."""
+
+    def __post_init__(self) -> None:
+        check(self)
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """Faults to inject (off by default): `--fault` specs and the seed of rank=random."""
+
+    specs: tuple[FaultSpec, ...] = setting(
+        "--fault",
+        "KIND:step=N[:rank=R|random][:node=K], repeatable; also env TRAINER_FAULTS (';'-separated). "
+        "KIND: " + ", ".join(FAULT_KINDS),
+        factory=tuple,
+        repeat=True,
+        metavar="SPEC",
+        chart="faults",
+    )
+    """Parsed specs (trainer/faults.py); the chart renders its `faults` map as one --fault per entry."""
+    seed: int = setting(
+        "--fault-seed", "seed for rank=random", default=0, low=0, why="must be >= 0", chart="faultSeed"
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "specs", tuple(self.specs))
+        check(self)
+
+
+COMPONENTS: dict[str, type] = {
+    "run": RunConfig,
+    "model": ModelOptions,
+    "data": DataConfig,
+    "timeouts": Timeouts,
+    "ckpt": CheckpointConfig,
+    "snapshot": SnapshotConfig,
+    "metrics": MetricsConfig,
+    "faults": FaultConfig,
+}
+"""TrainConfig's components by field name, in CLI order."""
+
+CHART_TABLE: tuple[ChartRow, ...] = tuple(chart_rows(COMPONENTS))
+"""Chart value -> trainer option -> TrainConfig field, for every option the chart renders."""
+_BY_FIELD = {row.field: row for row in CHART_TABLE if not row.is_place}
+
+
+def chart_values(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Chart values for settings given by TrainConfig field (`{"ckpt.interval_steps": 3}` ->
+    `{"ckptInterval": 3}`): how the harnesses build chart values without writing chart keys."""
+    unknown = sorted(set(settings) - set(_BY_FIELD))
+    if unknown:
+        raise KeyError(f"no chart value renders {', '.join(unknown)} (trainer/components.py CHART_TABLE)")
+    return {_BY_FIELD[name].value: value for name, value in settings.items()}
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name longer than the file system allows
+        return False
