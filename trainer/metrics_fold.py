@@ -11,9 +11,10 @@ same files). What makes that exact:
 - every per-save, per-commit, per-fault and per-restore quantity is rare and kept (aggregated per save);
 - `step` events come from rank 0 only (Contract 3) and are read from its file in the order written, so
   "the last execution of each step number" is kept as running sums plus the executions of the last
-  `retain_s` seconds. A step re-executed after its earlier execution left that window (a rollback of
-  more than an hour), or a fault/detection older than the window, triggers a `rebuild`: rank 0's file is
-  read again once (counted in `work.lines_parsed`), so the figures stay exact, only that scrape is slow;
+  `retain_s` seconds. A rollback to a step older than the window (a restore from a checkpoint more
+  than an hour old), or a fault/detection older than the window, triggers one `rebuild`: rank 0's file
+  is read again (counted in `work.lines_parsed`), so the figures stay exact, only that scrape is slow;
+  the executions the rollback will redo are then held as (duration, tokens) until they are redone;
 - a fault's report is frozen once the steps around it leave the window (then nothing can change it).
 
 `work` counts what the fold did (lines parsed, step records visited, records held) so tests and the
@@ -143,6 +144,8 @@ class RunFold:
         self.retained: deque[Step] = deque()
         self.kept: dict[int, Step] = {}  # step number -> its last execution, for retained executions
         self.folded = IntervalSet()  # step numbers whose last execution left the window
+        # Executions that left the window but a rollback will redo: step -> (duration, tokens).
+        self.pending: dict[int, tuple[float, int]] = {}
         self.folded_by_segment: dict[int, IntervalSet] = {}
         self.last_folded: Step | None = None
         self.kept_productive = 0.0
@@ -176,6 +179,9 @@ class RunFold:
             self.restores_all.append(entry)
             if rank0:
                 self.restores0.append(entry)
+                top = self.folded.max()
+                if top is not None and top > entry[1]:  # redone steps whose results left the window
+                    self._rebuild_needed = True
         elif ev == "fault_injected":
             self.faults.append({"t": t, "fault": e["fault"], "step": e["step"], "rank": int(e["rank"])})
         elif ev == "fault_detected":
@@ -217,6 +223,11 @@ class RunFold:
             self.kept_productive -= old.t_end - old.t_start
             self.kept_tokens -= old.tokens
             self.kept_count -= 1
+        elif s.step in self.pending:
+            duration, tokens = self.pending.pop(s.step)
+            self.kept_productive -= duration
+            self.kept_tokens -= tokens
+            self.kept_count -= 1
         elif s.step in self.folded:
             self._rebuild_needed = True  # its earlier execution left the window: re-read rank 0's file
         self.kept[s.step] = s
@@ -236,11 +247,16 @@ class RunFold:
         if self.retained[0].t_end >= cutoff:
             return
         self._freeze_faults_before(cutoff)
+        segment = len(self.restores0)
+        resumed = self.restores0[-1][1] if self.restores0 else -1
         while self.retained and self.retained[0].t_end < cutoff:
             s = self.retained.popleft()
-            if self.kept.get(s.step) is s:  # its result stands: a re-execution now needs a rebuild
+            if self.kept.get(s.step) is s:
                 del self.kept[s.step]
-                self.folded.add(s.step)
+                if s.segment < segment and s.step > resumed:  # rolled back over: it will be redone
+                    self.pending[s.step] = (s.t_end - s.t_start, s.tokens)
+                else:  # its result stands: only a later rollback redoes it (then a rebuild)
+                    self.folded.add(s.step)
             # every execution, kept or redone later: a fault's "steps done since the last restore"
             self.folded_by_segment.setdefault(s.segment, IntervalSet()).add(s.step)
             self.last_folded = s
@@ -263,10 +279,10 @@ class RunFold:
 
     def _freeze_faults_before(self, cutoff: float) -> None:
         merged = self._merged_faults()
-        reports = self._reports(merged)
         n = sum(1 for f in merged if f["t"] < cutoff)
-        self.frozen = reports[:n]
-        self.frozen_until = merged[n - 1]["t"] if n else self.frozen_until
+        if n > len(self.frozen):  # the steps around these faults are about to leave the window
+            self.frozen += self._reports(merged[:n], start=len(self.frozen))
+            self.frozen_until = merged[n - 1]["t"]
 
     # -- figures ---------------------------------------------------------------------------------------
     def restores(self) -> list[tuple[float, int, str | None]]:
@@ -377,7 +393,7 @@ class RunFold:
     def held(self) -> int:
         """Records held: what grows with the run (for the memory bound the tests check)."""
         return (
-            len(self.retained) + len(self.kept) + 2 * len(self.folded)
+            len(self.retained) + len(self.kept) + 2 * len(self.folded) + len(self.pending)
             + sum(2 * len(v) for v in self.folded_by_segment.values())
             + len(self.saves) + len(self.detections) + len(self.faults) + len(self.restores_all)
             + len(self.restores0) + len(self.frozen)
