@@ -70,7 +70,7 @@ def test_the_fold_polled_in_pieces_equals_the_summary(tmp_path: Path, retain_s: 
 
 
 def _copy_until(src: Path, dst: Path, until: float) -> None:
-    """Append to dst the lines of src's event files with until_prev < t <= until (a run seen while written)."""
+    """Append to dst the lines of src's event files up to time `until` (a run seen while written)."""
     dst.mkdir(exist_ok=True)
     for path in sorted(src.glob("events.rank*.jsonl")):
         lines = path.read_text().splitlines(keepends=True)
