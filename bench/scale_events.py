@@ -1,7 +1,8 @@
 """Synthetic event files in the trainer's format (Contract 3), for runs far larger than this machine trains.
 
 `write_run` lays out what a run of `ranks` ranks x `steps` steps writes: rank 0's `step` events, every
-rank's `run_start`, `restore`, `snapshot`/`replica` (every `snapshot_every` steps), `ckpt_save` and rank
+rank's `run_start` and `restore`, each node's `snapshot`/`replica` (every `snapshot_every` steps), every
+rank's `ckpt_save` and rank
 0's `ckpt_commit` (every `ckpt_every` steps), and faults: each one is injected on a rank, detected by
 every rank, restored to the last snapshot or commit and its steps redone. Times are exact multiples of
 `step_s`, so the figures are predictable. The lines are the ones `trainer.metrics.EventLog` writes
@@ -65,12 +66,18 @@ def write_run(
     ckpt_every: int = 100,
     faults: Sequence[Fault] = (),
     t0: float = 1_000_000.0,
+    ranks_per_node: int = 8,
+    per_rank_snapshots: bool = False,
     first_step: int = 0,
     completed: bool = True,
     start: bool = True,
 ) -> float:
-    """Append a run (or, with start=False and first_step > 0, more of one) to `out`; returns its end time."""
+    """Append a run (or, with start=False and first_step > 0, more of one) to `out`; returns its end time.
+
+    `snapshot`/`replica` events come from each node's local rank 0 (Contract 3), or from every rank with
+    `per_rank_snapshots` (the contract before issue 23, for comparison)."""
     run = _Run(Path(out), ranks, step_s, t0)
+    samplers = range(ranks) if per_rank_snapshots else range(0, ranks, ranks_per_node)
     by_step = {f.step: f for f in faults}
     if start:
         run.all("run_start", run.t, world_size=ranks, config={}, forked=True)
@@ -100,8 +107,9 @@ def write_run(
             continue
         run.emit(0, "step", t_end, step=step, t_start=t_start, t_end=t_end, loss=2.0, tokens=4096)
         if snapshot_every and (step + 1) % snapshot_every == 0:
-            run.all("snapshot", t_end + 0.01, step=step, blocked_s=0.01, copy_s=0.05, bytes=1 << 20)
-            for r in range(ranks):
+            for r in samplers:
+                run.emit(r, "snapshot", t_end + 0.01, step=step, blocked_s=0.01, copy_s=0.05, bytes=1 << 20)
+            for r in samplers:
                 run.emit(r, "replica", t_end + 0.2, step=step, holder=(r + 8) % ranks, bytes=1 << 20,
                          send_s=0.1, ok=True)  # fmt: skip
             snapped = step
