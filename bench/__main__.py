@@ -1,6 +1,7 @@
 """``make bench``: every benchmark in one invocation, then the report.
 
-    python -m bench [--quick] [--only recovery,ckpt_stall,synth,planner] [--results DIR] [--no-readme]
+    python -m bench [--quick] [--only recovery,pods,ckpt_stall,snapshot,synth,scale,planner]
+                    [--results DIR] [--no-readme]
 
 Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the others still run):
 
@@ -14,6 +15,10 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
               recomputed per fault (a node loss restored from its peer's replica among them)
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
+- scale       ``python -m bench.scale --size full --out <json>``: how the rendezvous, the node beats, the
+              restore agreement, the exporter and the event log grow with nodes, ranks and steps, by
+              simulation against a real TCPStore and synthetic event files, fitted on log-log axes and
+              projected to 2,048 nodes x 8 ranks (--quick: smaller sizes). Alone: --only scale
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
               with the MTTRs measured by the recovery part, and the prediction of the last
               `make demo` run (the summary.json named in out/demo/report.json), if there is one
@@ -49,7 +54,7 @@ from goodput.montecarlo import simulate
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "planner")
+PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "scale", "planner")
 RESULT_FILES = {"pods": "recovery_pods.json"}  # the JSON each part writes, when not <part>.json
 
 
@@ -110,6 +115,7 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 # The other engineers' benches and their arguments (full, quick).
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
 CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
+SCALE_ARGS = (["--size", "full"], ["--quick"])  # full: a few minutes at 2,048 nodes / 16,384 ranks
 SNAPSHOT_ARGS = (
     ["--mib", "64", "256", "1024", "--faults", "3"],
     ["--mib", "64", "--reps", "3", "--faults", "1"],
@@ -301,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             2400,
         ),
         "synth": lambda: run_module("bench.synth", args.results / "synth.json", SYNTH_ARGS[args.quick], 900),
+        "scale": lambda: run_module("bench.scale", args.results / "scale.json", SCALE_ARGS[args.quick], 900),
         "planner": lambda: run_planner(args.results, args.quick),
     }
     args.results.mkdir(parents=True, exist_ok=True)

@@ -89,9 +89,22 @@ def _client(port: int) -> Any:
     return TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=_td(60))
 
 
-def _parallel(n: int, work: Callable[[int], int]) -> tuple[float, int]:
+def _clients(port: int, n: int) -> list[Any]:
+    """n client connections, opened concurrently: now and then a connect stalls ~5 s on a loaded host
+    (seen with both of TCPStore's server loops), and serially that would dominate the part's runtime."""
+    out: list[Any] = [None] * n
+
+    def connect(i: int) -> int:
+        out[i] = _client(port)
+        return 0
+
+    _parallel(n, connect, threads=4 * CLIENT_THREADS)
+    return out
+
+
+def _parallel(n: int, work: Callable[[int], int], threads: int = CLIENT_THREADS) -> tuple[float, int]:
     """Run work(i) for i in range(n) on up to CLIENT_THREADS threads; (wall seconds, summed op counts)."""
-    threads = min(n, CLIENT_THREADS)
+    threads = min(n, threads)
     counts = [0] * threads
 
     def run(t: int) -> None:
@@ -112,7 +125,7 @@ def rendezvous_round(nodes: int) -> dict[str, Any]:
     _server, port = _store_server()  # kept referenced: the store lives as long as the measurement
     prefix = "rdzv/r0"
     host = _client(port)
-    clients = [_client(port) for _ in range(nodes)]
+    clients = _clients(port, nodes)
     host.set(f"{prefix}:shutdown", b"")
     host.set(f"{prefix}:round_done_0", b"0")
     payload = b"x" * PARTICIPANT_BYTES
@@ -182,7 +195,10 @@ def liveness_poll(nodes: int) -> dict[str, Any]:
     from trainer.resilience.liveness import WATCHER_NODES, LauncherBeat, RoundWatch
 
     _server, port = _store_server()  # kept referenced: the store lives as long as the measurement
-    beats = [LauncherBeat(f"127.0.0.1:{port}", store_factory=lambda _e: _client(port)) for _ in range(nodes)]
+    connections = iter(_clients(port, nodes))
+    beats = [
+        LauncherBeat(f"127.0.0.1:{port}", store_factory=lambda _e: next(connections)) for _ in range(nodes)
+    ]
 
     def beat(i: int) -> int:
         beats[i].serve(0, i)  # the first beat, then the thread beats every BEAT_INTERVAL_S
@@ -197,7 +213,7 @@ def liveness_poll(nodes: int) -> dict[str, Any]:
     for w in watchers[1:]:
         w.check()
     watcher_ops = WATCHER_NODES * (1 + 2 * (nodes - 1))
-    verdict = [_client(port) for _ in range(min(nodes, CLIENT_THREADS))]
+    verdict = _clients(port, min(nodes, CLIENT_THREADS))
     ranks = nodes * RANKS_PER_NODE
 
     def look(i: int) -> int:
@@ -361,6 +377,9 @@ def fits(tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def run(size: str, work_dir: Path | None = None) -> dict[str, Any]:
+    # Every connection makes c10d look up the peer's name; with no DNS server reachable (this machine)
+    # each failed lookup stalls 5 s. Bound it to 1 s (glibc reads RES_OPTIONS at its first lookup).
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     sizes = SIZES[size]
     own_dir = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="bench-scale-")) if work_dir is None else work_dir
