@@ -119,7 +119,8 @@ def headline(results: Path) -> str:
         *(
             _load(results / f"{name}.json")
             for name in ("meta", "recovery", "recovery_pods", "ckpt_stall", "planner")
-        )
+        ),
+        scale=_load(results / "scale.json"),
     )
 
 

@@ -131,3 +131,21 @@ def scale_plot(res: dict[str, Any], png: Path) -> Path | None:
     for ax in list(axes.flat)[len(names) :]:
         ax.set_visible(False)
     return save(fig, png)
+
+
+HEADLINE = (  # series projected to 2,048 nodes that the README's headline shows
+    ("rendezvous round at 2,048 nodes (projected)", "rendezvous round (store work + polls)"),
+    ("exporter scrape at 16,384 ranks (projected)", "exporter one-step scrape vs ranks"),
+    ("event log: bytes per step per node (any size)", "event bytes per step per node vs ranks"),
+)
+
+
+def scale_headline_rows(res: dict[str, Any] | None) -> list[list[str]]:
+    """README headline rows: the projections to 2,048 nodes (bench.scale, assumptions in RESULTS.md)."""
+    by = {f["series"]: f for f in (res or {}).get("fits") or []}
+    rows = []
+    for what, series in HEADLINE:
+        f = by.get(series)
+        if f and f["projected"] is not None:
+            rows.append([what, f"{_projected(f)} (k={f['exponent']:.2f})", "scale"])
+    return rows
