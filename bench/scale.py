@@ -346,7 +346,7 @@ SERIES: tuple[tuple[str, str, str, str, str], ...] = (
     ("liveness store operations per poll", "liveness", "nodes", "store_ops_per_poll", "ops"),
     ("restore agreement bytes received per rank", "restore", "ranks", "gathered_bytes_per_rank", "B"),
     ("restore agreement work per rank", "restore", "ranks", "per_rank_work_s", "s"),
-    ("exporter one-step scrape vs ranks", "exporter_ranks", "ranks", "scrape_s", "s"),
+    ("exporter scrape (10 steps appended) vs ranks", "exporter_ranks", "ranks", "scrape_s", "s"),
     ("exporter lines per scrape vs ranks", "exporter_ranks", "ranks", "scrape_lines", "lines"),
     ("exporter lines per scrape vs steps", "exporter_steps", "steps", "scrape_lines", "lines"),
     ("exporter records held vs steps", "exporter_steps", "steps", "held", "records"),
