@@ -21,7 +21,8 @@ issues per round, and the real exporter reads synthetic event files in the train
 - restore agreement (trainer/snapshot/restore.py): the all_gather row per rank and what each rank then
   does with W rows (tolist, the sets of steps, their intersection), timed on synthetic rows.
 - exporter: a run of R ranks (8 per node) x S steps written with bench.scale_events, folded once, then
-  one more step appended and scraped: lines parsed, records held and wall time of that scrape, against
+  10 more steps (one snapshot) appended and scraped: lines parsed, records held and wall time of that
+  scrape (median of 3), against
   R and against S; the former exporter re-parsed every line at every scrape (its cost is the file's
   line count).
 - event log: bytes appended to FSx per step per node under Contract 3 now and before issue 23.

@@ -102,7 +102,7 @@ def _scrape_cost(out: Path, steps: int, ranks: int) -> tuple[int, int]:
     t = write_run(out, ranks=ranks, steps=steps, completed=False)
     tail.poll()
     before = tail.fold.work.lines_parsed + tail.fold.work.records_visited
-    write_run(out, ranks=ranks, steps=10, first_step=steps, t0=t, completed=False, start=False)
+    write_run(out, ranks=ranks, steps=1, first_step=steps, t0=t, completed=False, start=False)
     list(__import__("trainer.metrics_export").metrics_export.fold_families(tail.fold, t + 200))
     tail.poll()
     list(__import__("trainer.metrics_export").metrics_export.fold_families(tail.fold, t + 200))
