@@ -51,6 +51,7 @@ from bench import recovery, recovery_pods, report, snapshot
 from bench.load import QUIET_FOREIGN_CORES, LoadMonitor
 from goodput.cli import build_parser, run_plan
 from goodput.montecarlo import simulate
+from goodput.node_loss import node_loss_parts, rendezvous_fit_from
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,6 +173,9 @@ def run_planner(results: Path, quick: bool) -> None:
         },
         "scale_png": "bench/results/planner_scale.png",
     }
+    # The node-loss MTTR's parts at the plan's size, with this run's rendezvous fit when scale ran.
+    fit = rendezvous_fit_from(results / "scale.json") if (results / "scale.json").is_file() else None
+    out["node_loss_mttr"] = node_loss_parts(plan.gpus, fit).as_dict() | {"rendezvous_fit": fit}
     measured = _measured_plan(results, plan)
     if measured:
         out["measured"] = measured
