@@ -187,12 +187,12 @@ class RunFold:
         elif ev == "fault_detected":
             self.detections.append((t, int(e["tier"]), str(e.get("reason"))))
             if rank0:
-                key = str(e["tier"])
-                self.detections_rank0[key] = self.detections_rank0.get(key, 0) + 1
+                tier = str(e["tier"])
+                self.detections_rank0[tier] = self.detections_rank0.get(tier, 0) + 1
         elif ev == "ckpt_save":
-            key = (int(e["step"]), int(e["restart"]), int(e["iteration"]))
+            save = (int(e["step"]), int(e["restart"]), int(e["iteration"]))
             entry_ = self.saves.setdefault(
-                key, {"step": key[0], "blocked_s": 0.0, "bytes": 0, "mode": e["mode"], "ranks": 0}
+                save, {"step": save[0], "blocked_s": 0.0, "bytes": 0, "mode": e["mode"], "ranks": 0}
             )
             entry_["blocked_s"] = max(entry_["blocked_s"], float(e["blocked_s"]))
             entry_["ranks"] += 1
