@@ -1,17 +1,18 @@
 """Live Prometheus figures of a run, computed from the same event log as summary.json.
 
 Every scrape reads what the ranks appended to `<out-dir>/events.rank*.jsonl` since the last scrape (an
-offset per file, complete lines only), runs `trainer.metrics.summarize_events` over all events read so
-far and turns the summary into metric families. So the live numbers are the summary's numbers, counters
-survive worker restarts (they are counted from the log, not in a process that a tier-2 restart
-replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists
-every metric; the chart and the collectors (docs/infra.md) scrape it.
+offset per file, complete lines only), folds it into running aggregates (trainer/metrics_fold.py: the
+figures of `trainer.metrics.summarize`, memory bounded by the ranks and the last hour of steps) and turns
+them into metric families. So a scrape costs what was appended, the live numbers are the summary's,
+counters survive worker restarts (they are counted from the log, not in a process that a tier-2 restart
+replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists every
+metric; the chart and the collectors (docs/infra.md) scrape it.
 
-trainer/metrics_server.py serves it over HTTP, on local rank 0 of every pod (one endpoint per pod, so
-every pod the collector discovers answers, and `up` is per node). Only the process that is global rank 0
-exports the run's figures (one series per run, whichever pod hosts rank 0 after a restart); the others
-export only `trainer_exporter_info`. A port that is taken (several local pods on one host) logs a
-warning and training goes on without the endpoint: metrics are never worth a failed step.
+trainer/metrics_server.py serves it over HTTP from a child process of local rank 0 of every pod (one
+endpoint per pod, so every pod the collector discovers answers, and `up` is per node). Only the process
+that is global rank 0 exports the run's figures (one series per run, whichever pod hosts rank 0 after a
+restart); the others export only `trainer_exporter_info`. A port that is taken (several local pods on one
+host) logs a warning and training goes on without the endpoint: metrics are never worth a failed step.
 """
 
 from __future__ import annotations
@@ -48,9 +49,8 @@ class EventTail:
     """The run's events folded incrementally: each poll reads only the complete lines appended since the
     last one (an offset per file) and folds them into a RunFold; no event is kept after it was folded."""
 
-    def __init__(self, out_dir: str | Path, *, ranks: Iterable[int] | None = None) -> None:
+    def __init__(self, out_dir: str | Path) -> None:
         self.out_dir = Path(out_dir)
-        self.ranks = None if ranks is None else sorted(set(ranks))
         self._offsets: dict[str, int] = {}  # file name -> bytes folded (complete lines)
         self.fold = RunFold(STEP_BUCKETS, reread_rank0=self._reread_rank0)
 
@@ -63,7 +63,6 @@ class EventTail:
 
         One scandir and one stat per file, and no open for a file that did not grow: with 16,384 ranks,
         most files see a line per restart or save, not per scrape (Contract 3)."""
-        wanted = None if self.ranks is None else {events_path("", r).name for r in self.ranks}
         grown = []
         try:
             entries = list(os.scandir(self.out_dir))
@@ -72,8 +71,6 @@ class EventTail:
         for entry in entries:
             name = entry.name
             if not (name.startswith("events.rank") and name.endswith(".jsonl")):
-                continue
-            if wanted is not None and name not in wanted:
                 continue
             try:
                 size = entry.stat().st_size
@@ -373,9 +370,8 @@ class RunCollector(Collector):
         *,
         rank: int,
         clock: Callable[[], float] = time.time,
-        ranks: Iterable[int] | None = None,
     ) -> None:
-        self.tail = EventTail(out_dir, ranks=ranks)
+        self.tail = EventTail(out_dir)
         self.rank = rank
         self.clock = clock
         self._lock = threading.Lock()  # scrapes may overlap (the HTTP server is threaded)

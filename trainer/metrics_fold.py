@@ -195,6 +195,7 @@ class RunFold:
                 save, {"step": save[0], "blocked_s": 0.0, "bytes": 0, "mode": e["mode"], "ranks": 0}
             )
             entry_["blocked_s"] = max(entry_["blocked_s"], float(e["blocked_s"]))
+            entry_["bytes"] += int(e["bytes"])
             entry_["ranks"] += 1
         elif rank0 and ev == "ckpt_commit":
             self.commits += 1
