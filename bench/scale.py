@@ -300,7 +300,7 @@ def exporter_scrape(ranks: int, steps: int, work_dir: Path) -> dict[str, Any]:
     }
 
 
-def event_bytes(ranks: int, work_dir: Path, steps: int = 100) -> dict[str, Any]:
+def event_bytes(ranks: int, work_dir: Path, steps: int = 10) -> dict[str, Any]:
     """Bytes appended per step per node, Contract 3 now and before issue 23 (snapshot every step)."""
     from bench.scale_events import write_run
 
@@ -319,6 +319,19 @@ def event_bytes(ranks: int, work_dir: Path, steps: int = 100) -> dict[str, Any]:
         result[f"appends_per_step_{name}"] = (_lines(out) - lines0) / steps
         shutil.rmtree(out, ignore_errors=True)
     return result
+
+
+def _allow_open_files(need: int) -> None:
+    """Raise the soft limit on open files: a synthetic run keeps one file per rank open, a simulated round
+    one connection per node (and the store host the other end). Stops naming the limit if it cannot."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise SystemExit(f"bench.scale needs {need} open files; the hard limit is {hard} (ulimit -Hn)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def fit(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float] | None:
@@ -382,6 +395,7 @@ def run(size: str, work_dir: Path | None = None) -> dict[str, Any]:
     # each failed lookup stalls 5 s. Bound it to 1 s (glibc reads RES_OPTIONS at its first lookup).
     os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
     sizes = SIZES[size]
+    _allow_open_files(max(max(sizes["ranks"]), 3 * max(sizes["nodes"])) + 256)
     own_dir = work_dir is None
     work = Path(tempfile.mkdtemp(prefix="bench-scale-")) if work_dir is None else work_dir
     t0 = time.perf_counter()
