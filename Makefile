@@ -64,10 +64,10 @@ lint: setup ## ruff and mypy
 demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU, report
 	$(PY) -m tools.demo --teams $(TEAMS)
 
-bench: setup ## Benchmarks: recovery, checkpoint stall, synth scaling (~20 min); results in bench/results/
+bench: setup ## Benchmarks: recovery, node loss, checkpoint stall, snapshots, synth, scale, planner (~55 min on 2 cores); results in bench/results/
 	$(PY) -m bench
 
-bench-quick: setup ## A short benchmark pass (~5 min): fewer scenarios, one repetition
+bench-quick: setup ## A short benchmark pass (under 10 min): fewer scenarios and sizes, one repetition
 	$(PY) -m bench --quick
 
 smoke-render: setup ## Render the cluster smoke release's manifests (no cluster needed) to out/smoke/manifests.yaml

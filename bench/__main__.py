@@ -1,6 +1,7 @@
 """``make bench``: every benchmark in one invocation, then the report.
 
-    python -m bench [--quick] [--only recovery,ckpt_stall,synth,planner] [--results DIR] [--no-readme]
+    python -m bench [--quick] [--only recovery,pods,ckpt_stall,snapshot,synth,scale,planner]
+                    [--results DIR] [--no-readme]
 
 Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the others still run):
 
@@ -14,6 +15,10 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
               recomputed per fault (a node loss restored from its peer's replica among them)
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
+- scale       ``python -m bench.scale --size full --out <json>``: how the rendezvous, the node beats, the
+              restore agreement, the exporter and the event log grow with nodes, ranks and steps, by
+              simulation against a real TCPStore and synthetic event files, fitted on log-log axes and
+              projected to 2,048 nodes x 8 ranks (--quick: smaller sizes). Alone: --only scale
 - planner     the goodput planner's default plan, its Monte Carlo check, the scale plot, the plan
               with the MTTRs measured by the recovery part, and the prediction of the last
               `make demo` run (the summary.json named in out/demo/report.json), if there is one
@@ -46,10 +51,11 @@ from bench import recovery, recovery_pods, report, snapshot
 from bench.load import QUIET_FOREIGN_CORES, LoadMonitor
 from goodput.cli import build_parser, run_plan
 from goodput.montecarlo import simulate
+from goodput.node_loss import node_loss_parts, rendezvous_fit_from
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "planner")
+PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "scale", "planner")
 RESULT_FILES = {"pods": "recovery_pods.json"}  # the JSON each part writes, when not <part>.json
 
 
@@ -110,6 +116,7 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 # The other engineers' benches and their arguments (full, quick).
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
 CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
+SCALE_ARGS = (["--size", "full"], ["--quick"])  # full: a few minutes at 2,048 nodes / 16,384 ranks
 SNAPSHOT_ARGS = (
     ["--mib", "64", "256", "1024", "--faults", "3"],
     ["--mib", "64", "--reps", "3", "--faults", "1"],
@@ -166,6 +173,9 @@ def run_planner(results: Path, quick: bool) -> None:
         },
         "scale_png": "bench/results/planner_scale.png",
     }
+    # The node-loss MTTR's parts at the plan's size, with this run's rendezvous fit when scale ran.
+    fit = rendezvous_fit_from(results / "scale.json") if (results / "scale.json").is_file() else None
+    out["node_loss_mttr"] = node_loss_parts(plan.gpus, fit).as_dict() | {"rendezvous_fit": fit}
     measured = _measured_plan(results, plan)
     if measured:
         out["measured"] = measured
@@ -301,6 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             2400,
         ),
         "synth": lambda: run_module("bench.synth", args.results / "synth.json", SYNTH_ARGS[args.quick], 900),
+        "scale": lambda: run_module("bench.scale", args.results / "scale.json", SCALE_ARGS[args.quick], 900),
         "planner": lambda: run_planner(args.results, args.quick),
     }
     args.results.mkdir(parents=True, exist_ok=True)

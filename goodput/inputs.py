@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from goodput.model import PlanError
+from goodput.node_loss import FSX_READ_S, node_loss_mttr
 
 # Llama 3 405B step time: 16M tokens per step (Llama Team, arXiv:2407.21783, section 3.4.1: batch
 # raised to 16M tokens) at about 400 TFLOPS per GPU on 16,384 H100 (Table 4), with the usual 6 FLOPs
@@ -27,13 +28,16 @@ STEP_S = 6 * 405e9 * 16.8e6 / (16384 * 400e12)
 # hot spare takes its place, restoring from the peer replica. Three of those needed significant
 # manual intervention (section 3.3.4): a job restart from the durable checkpoint.
 SOFTWARE, HARDWARE, MANUAL = 63, 353, 3
-# MTTRs at scale are assumptions (no published per-tier figure): 30 s for an in-process restart, 180 s
-# for a hot spare's rendezvous, process start and NCCL/EFA start-up at 16k GPUs, plus 60 s to read
-# the durable checkpoint when the replica is gone, 900 s for a job restart (scheduling, new nodes,
-# image pull, start-up, load).
+# MTTRs at scale: 30 s for an in-process restart (assumption), 900 s for a job restart (scheduling, new
+# nodes, image pull, start-up, load; assumption). A node loss is the sum of its parts at 16,384 GPUs
+# (goodput/node_loss.py: detection, rendezvous at 2,048 nodes from bench.scale, process start, restore
+# from the peer, NCCL/EFA start-up; each measured or a stated assumption with its source), plus 60 s to
+# read the durable checkpoint when the replica is gone.
+NODE_LOSS_MTTR_S = round(node_loss_mttr(16_384))
 DEFAULT_TIERS = (
     f"in-process:share={SOFTWARE}/419:mttr=30:rollback=memory:source=memory",
-    f"node-loss:share={HARDWARE}/419:mttr=180:rollback=peer:source=peer:fallback-mttr=240",
+    f"node-loss:share={HARDWARE}/419:mttr={NODE_LOSS_MTTR_S}:rollback=peer:source=peer"
+    f":fallback-mttr={NODE_LOSS_MTTR_S + round(FSX_READ_S)}",
     f"job-restart:share={MANUAL}/419:mttr=900:rollback=checkpoint",
 )
 

@@ -54,13 +54,31 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
-class EventLog:
-    """Appends Contract 3 events for one rank. `iteration` is updated by the loop on in-process restarts."""
+# Per-step events written by one rank of each node only (Contract 3): the node's ranks copy equal shards
+# in lockstep, so local rank 0's figures stand for the node, and FSx takes O(nodes) small appends per
+# snapshot instead of O(ranks). A failed replica (`ok` false) is written by every rank: it is a fault.
+NODE_SAMPLED = ("snapshot", "replica")
 
-    def __init__(self, out_dir: str | Path, rank: int) -> None:
+
+def writes_to_log(ev: str, local_rank: int, fields: dict[str, Any]) -> bool:
+    """Whether a rank with this local rank writes this event to its file (Contract 3's "written by")."""
+    if local_rank == 0 or ev not in NODE_SAMPLED:
+        return True
+    return ev == "replica" and not fields.get("ok", True)
+
+
+class EventLog:
+    """Appends Contract 3 events for one rank. `iteration` is updated by the loop on in-process restarts.
+
+    `local_rank` (LOCAL_RANK of the launcher by default) decides which per-step events reach the file:
+    `writes_to_log`. The record is returned either way.
+    """
+
+    def __init__(self, out_dir: str | Path, rank: int, *, local_rank: int | None = None) -> None:
         self.path = events_path(out_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank
         self.iteration = 0
         self.restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self._lock = threading.Lock()  # the checkpoint finalizer may emit from another thread
@@ -82,6 +100,8 @@ class EventLog:
         record.update(fields)
         if ev == "step":
             record["t"] = fields["t_end"]
+        if not writes_to_log(ev, self.local_rank, fields):
+            return record
         line = json.dumps(record, default=_json_default)
         with self._lock:
             self._file.write(line + "\n")
@@ -329,7 +349,8 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
 
 
 def _snapshot_stats(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per snapshot (one step of one process incarnation) the slowest rank's blocked time; bytes per rank."""
+    """Per snapshot (one step of one process incarnation) the slowest node's blocked time (each node's
+    local rank 0 writes it, Contract 3); bytes per rank."""
     blocked: dict[tuple[int, int, int], float] = {}
     for e in events:
         key = (int(e["step"]), int(e["restart"]), int(e["iteration"]))

@@ -1,25 +1,27 @@
 """Live Prometheus figures of a run, computed from the same event log as summary.json.
 
 Every scrape reads what the ranks appended to `<out-dir>/events.rank*.jsonl` since the last scrape (an
-offset per file, complete lines only), runs `trainer.metrics.summarize_events` over all events read so
-far and turns the summary into metric families. So the live numbers are the summary's numbers, counters
-survive worker restarts (they are counted from the log, not in a process that a tier-2 restart
-replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists
-every metric; the chart and the collectors (docs/infra.md) scrape it.
+offset per file, complete lines only), folds it into running aggregates (trainer/metrics_fold.py: the
+figures of `trainer.metrics.summarize`, memory bounded by the ranks and the last hour of steps) and turns
+them into metric families. So a scrape costs what was appended, the live numbers are the summary's,
+counters survive worker restarts (they are counted from the log, not in a process that a tier-2 restart
+replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists every
+metric; the chart and the collectors (docs/infra.md) scrape it.
 
-trainer/metrics_server.py serves it over HTTP, on local rank 0 of every pod (one endpoint per pod, so
-every pod the collector discovers answers, and `up` is per node). Only the process that is global rank 0
-exports the run's figures (one series per run, whichever pod hosts rank 0 after a restart); the others
-export only `trainer_exporter_info`. A port that is taken (several local pods on one host) logs a
-warning and training goes on without the endpoint: metrics are never worth a failed step.
+trainer/metrics_server.py serves it over HTTP from a child process of local rank 0 of every pod (one
+endpoint per pod, so every pod the collector discovers answers, and `up` is per node). Only the process
+that is global rank 0 exports the run's figures (one series per run, whichever pod hosts rank 0 after a
+restart); the others export only `trainer_exporter_info`. A port that is taken (several local pods on one
+host) logs a warning and training goes on without the endpoint: metrics are never worth a failed step.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from trainer.metrics import parse_event_line, summarize_events
+from trainer.metrics import events_path, parse_event_line
+from trainer.metrics_fold import Histogram, RunFold
 
 # Bucket upper bounds, seconds. Recovery spans tier 1 on CPU (~0.3 s) to a tier-2 restart of a 70B job
 # that waits for a replacement node (tens of minutes); checkpoint stalls span async saves (ms) to sync ones.
@@ -43,20 +46,45 @@ STEP_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 
 
 class EventTail:
-    """The run's events read incrementally: each poll reads only the complete lines appended since."""
+    """The run's events folded incrementally: each poll reads only the complete lines appended since the
+    last one (an offset per file) and folds them into a RunFold; no event is kept after it was folded."""
 
     def __init__(self, out_dir: str | Path) -> None:
         self.out_dir = Path(out_dir)
-        self.events: list[dict[str, Any]] = []
-        self.bad = 0
-        self._offsets: dict[Path, int] = {}
+        self._offsets: dict[str, int] = {}  # file name -> bytes folded (complete lines)
+        self.fold = RunFold(STEP_BUCKETS, reread_rank0=self._reread_rank0)
+
+    @property
+    def bad(self) -> int:
+        return self.fold.bad
+
+    def _grown(self) -> list[tuple[str, int, int]]:
+        """(file name, offset, size) of the event files that grew since the last poll, by name.
+
+        One scandir and one stat per file, and no open for a file that did not grow: with 16,384 ranks,
+        most files see a line per restart or save, not per scrape (Contract 3)."""
+        grown = []
+        try:
+            entries = list(os.scandir(self.out_dir))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith("events.rank") and name.endswith(".jsonl")):
+                continue
+            try:
+                size = entry.stat().st_size
+            except FileNotFoundError:
+                continue
+            offset = self._offsets.get(name, 0)
+            if size > offset:
+                grown.append((name, offset, size))
+        return sorted(grown)
 
     def poll(self) -> None:
-        new = False
-        for path in sorted(self.out_dir.glob("events.rank*.jsonl")):
-            offset = self._offsets.get(path, 0)
+        for name, offset, _size in self._grown():
             try:
-                with open(path, "rb") as fh:
+                with open(self.out_dir / name, "rb") as fh:
                     fh.seek(offset)
                     data = fh.read()
             except FileNotFoundError:
@@ -64,19 +92,40 @@ class EventTail:
             end = data.rfind(b"\n") + 1  # a line still being written is read on a later poll
             if end == 0:
                 continue
-            self._offsets[path] = offset + end
-            for raw in data[:end].splitlines():
-                line = raw.decode("utf-8", errors="replace").strip()
-                if not line:
-                    continue
-                record = parse_event_line(line)
-                if record is None:
-                    self.bad += 1
-                else:
-                    self.events.append(record)
-                    new = True
-        if new:  # events of different ranks interleave in time; timsort is linear on nearly sorted input
-            self.events.sort(key=lambda e: float(e["t"]))
+            self._offsets[name] = offset + end
+            for record in _records(data[:end], self.fold):
+                self.fold.add(record)
+        self.fold.settle()
+
+    def _reread_rank0(self) -> Iterator[dict[str, Any]]:
+        """Rank 0's events from its file's start up to what was folded (a rebuild; rare)."""
+        path = events_path(self.out_dir, 0)
+        with open(path, "rb") as fh:
+            data = fh.read(self._offsets.get(path.name, 0))
+        yield from _records(data, None)
+
+
+def _records(data: bytes, fold: RunFold | None) -> Iterator[dict[str, Any]]:
+    for raw in data.splitlines():
+        line = raw.decode("utf-8", errors="replace").strip()
+        if not line:
+            continue
+        record = parse_event_line(line)
+        if record is not None:
+            yield record
+        elif fold is not None:
+            fold.work.lines_parsed += 1
+            fold.bad += 1
+
+
+def fold_events(events: Iterable[dict[str, Any]], bad: int = 0) -> RunFold:
+    """A RunFold of events already read (e.g. by trainer.metrics.read_events)."""
+    fold = RunFold(STEP_BUCKETS, retain_s=math.inf)
+    for e in events:
+        fold.add(e)
+    fold.bad = bad
+    fold.settle()
+    return fold
 
 
 def live_goodput(summary: dict[str, Any], first_t: float | None, now: float) -> float | None:
@@ -115,6 +164,15 @@ def _histogram(
     return family
 
 
+def _folded_histogram(name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=[])
+    counts = hist.counts or [0] * len(hist.bounds)
+    buckets = [(_le(b), float(c)) for b, c in zip(hist.bounds, counts, strict=True)]
+    buckets.append(("+Inf", float(hist.n)))
+    family.add_metric([], buckets, hist.total)
+    return family
+
+
 def _le(bound: float) -> str:
     return repr(float(bound))
 
@@ -129,82 +187,80 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 
 
 def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: float) -> Iterator[Metric]:
-    """The run's metric families (docs/metrics.md) from its summary and events, as of `now`."""
-    first_t = float(events[0]["t"]) if events else None
-    rank0 = [e for e in events if int(e["rank"]) == 0]
-    steps = [e for e in rank0 if e["ev"] == "step"]
-    commits = [e for e in rank0 if e["ev"] == "ckpt_commit"]
-    starts = [e for e in rank0 if e["ev"] == "run_start"]
+    """The run's metric families from events already read (the summary is the same events' summary;
+    kept for callers that hold both). The exporter folds incrementally: `fold_families`."""
+    del summary  # every figure is folded from the events, as a scrape does
+    yield from fold_families(fold_events(events), now)
 
+
+def fold_families(fold: RunFold, now: float) -> Iterator[Metric]:
+    """The run's metric families (docs/metrics.md) from its folded events, as of `now`."""
+    first_t = fold.first_t
+    completed = fold.completed()
+    wall_done = (fold.last_t - first_t) if first_t is not None and fold.last_t is not None else 0.0
+    productive = fold.kept_productive
+    if completed:
+        goodput = productive / wall_done if wall_done > 0 else None
+    else:
+        goodput = live_goodput(
+            {"status": "running", "productive_s": productive, "training_efficiency": None}, first_t, now
+        )
     yield from _gauge(
         "trainer_goodput_ratio",
         "Productive time (steps kept, not recomputed) over wall time since the run's first event",
-        live_goodput(summary, first_t, now),
+        goodput,
     )
     yield GaugeMetricFamily(
-        "trainer_productive_seconds",
-        "Summed duration of the steps whose results were kept",
-        value=summary["productive_s"],
+        "trainer_productive_seconds", "Summed duration of the steps whose results were kept", value=productive
     )
-    wall = summary["wall_s"] if summary["status"] == "completed" or first_t is None else now - first_t
+    wall = wall_done if completed or first_t is None else now - first_t
     yield GaugeMetricFamily("trainer_wall_seconds", "Wall time since the run's first event", value=wall)
     yield from _gauge("trainer_run_start_timestamp_seconds", "Unix time of the run's first event", first_t)
     yield GaugeMetricFamily(
-        "trainer_run_completed",
-        "1 once rank 0 reported the run completed",
-        value=float(summary["status"] == "completed"),
+        "trainer_run_completed", "1 once rank 0 reported the run completed", value=float(completed)
     )
-    if starts:
-        yield GaugeMetricFamily(
-            "trainer_world_size", "Ranks in the job", value=float(starts[-1]["world_size"])
-        )
+    if fold.world_size is not None:
+        yield GaugeMetricFamily("trainer_world_size", "Ranks in the job", value=float(fold.world_size[1]))
     yield _counter(
-        "trainer_steps_total",
-        "Steps executed by the job, recomputed ones included",
-        summary["steps_executed"],
+        "trainer_steps_total", "Steps executed by the job, recomputed ones included", fold.steps_executed
     )
     yield _counter(
         "trainer_steps_recomputed_total",
         "Steps executed again because the run resumed from an older checkpoint",
-        summary["steps_recomputed"],
+        fold.steps_executed - fold.kept_count,
     )
-    yield _counter("trainer_tokens_total", "Tokens of the steps whose results were kept", summary["tokens"])
-    if steps:
-        last = steps[-1]
+    yield _counter("trainer_tokens_total", "Tokens of the steps whose results were kept", fold.kept_tokens)
+    last = fold.last_step()
+    if last is not None:
         yield GaugeMetricFamily(
-            "trainer_last_step", "Number of the last step executed", value=float(last["step"])
+            "trainer_last_step", "Number of the last step executed", value=float(last.step)
         )
-        yield GaugeMetricFamily(
-            "trainer_loss", "Mean loss over ranks of the last step", value=float(last["loss"])
-        )
-    since_step = float(steps[-1]["t_end"]) if steps else first_t
-    if summary["status"] != "completed" and since_step is not None:
+        yield GaugeMetricFamily("trainer_loss", "Mean loss over ranks of the last step", value=last.loss)
+    since_step = last.t_end if last is not None else first_t
+    if not completed and since_step is not None:
         yield GaugeMetricFamily(
             "trainer_seconds_since_last_step",
             "Seconds since the last step ended (since the run started before the first step)",
             value=now - since_step,
         )
-    if summary["status"] != "completed" and first_t is not None and now - first_t >= GOODPUT_WINDOW_S:
+    if not completed and first_t is not None and now - first_t >= GOODPUT_WINDOW_S:
+        since = now - GOODPUT_WINDOW_S
         yield GaugeMetricFamily(
             "trainer_goodput_last_hour_ratio",
             "Productive time of the last hour over an hour (exported once the run is an hour old)",
-            value=window_goodput(steps, now - GOODPUT_WINDOW_S, now),
+            value=fold.window_busy(since, now) / GOODPUT_WINDOW_S,
         )
-    durations = [float(s["t_end"]) - float(s["t_start"]) for s in steps]
-    yield _histogram(
-        "trainer_step_duration_seconds", "Duration of each executed step", (), {(): durations}, STEP_BUCKETS
-    )
-
-    yield from _fault_families(summary, rank0)
-    yield from _checkpoint_families(summary, commits, first_t, now)
+    yield _folded_histogram("trainer_step_duration_seconds", "Duration of each executed step", fold.step_hist)
+    yield from _fault_families(fold)
+    yield from _checkpoint_families(fold, first_t, now)
     yield GaugeMetricFamily(
         "trainer_event_log_unreadable_lines",
         "Event log lines that could not be parsed (torn by a killed process)",
-        value=float(summary["unreadable_lines"]),
+        value=float(fold.bad),
     )
 
 
-def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Iterator[Metric]:
+def _fault_families(fold: RunFold) -> Iterator[Metric]:
     # A fault's tier is known only once training resumed (a tier-1 detection may still turn into a tier-2
     # restart): series labelled by tier appear then, so no counter ever moves between label sets.
     faults = CounterMetricFamily("trainer_faults_total", "Injected faults by kind", labels=["kind"])
@@ -216,7 +272,7 @@ def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Ite
     counts: dict[str, int] = {}
     recovery: dict[tuple[str, ...], list[float]] = {}
     detection: dict[tuple[str, ...], list[float]] = {}
-    for f in summary["faults"]:
+    for f in fold.fault_reports():
         counts[str(f["type"])] = counts.get(str(f["type"]), 0) + 1
         if not f["recovered"] or f["mttr_s"] is None:
             continue
@@ -251,61 +307,52 @@ def _fault_families(summary: dict[str, Any], rank0: list[dict[str, Any]]) -> Ite
         "Faults detected by rank 0, by the tier that handled them",
         labels=["tier"],
     )
-    by_tier: dict[str, int] = {}
-    for e in rank0:
-        if e["ev"] == "fault_detected":
-            by_tier[str(e["tier"])] = by_tier.get(str(e["tier"]), 0) + 1
-    for tier, n in sorted(by_tier.items()):
+    for tier, n in sorted(fold.detections_rank0.items()):
         detections.add_metric([tier], float(n))
     yield detections
     yield _counter(
         "trainer_restores_total",
         "Checkpoint restores by rank 0 (one per start, recovery or not; a fresh start restores nothing)",
-        sum(1 for r in summary["restores"] if int(r["step"]) >= 0),
+        sum(1 for r in fold.restores() if r[1] >= 0),
     )
 
 
-def _checkpoint_families(
-    summary: dict[str, Any],
-    commits: list[dict[str, Any]],
-    first_t: float | None,
-    now: float,
-) -> Iterator[Metric]:
-    ckpt = summary["ckpt"]
+def _checkpoint_families(fold: RunFold, first_t: float | None, now: float) -> Iterator[Metric]:
+    completed = fold.completed()
     yield _histogram(
         "trainer_checkpoint_stall_seconds",
         "Time the training loop was blocked by each save (the slowest rank's)",
         (),
-        {(): [float(s["blocked_s"]) for s in ckpt["per_save"]]},
+        {(): [float(s["blocked_s"]) for s in fold.per_save()]},
         STALL_BUCKETS,
     )
-    yield _counter("trainer_checkpoint_saves_total", "Checkpoint saves started", ckpt["saves"])
+    yield _counter("trainer_checkpoint_saves_total", "Checkpoint saves started", len(fold.saves))
     yield _counter(
-        "trainer_checkpoint_commits_total", "Checkpoints committed (durable and visible)", ckpt["commits"]
+        "trainer_checkpoint_commits_total", "Checkpoints committed (durable and visible)", fold.commits
     )
     yield _counter(
         "trainer_checkpoints_skipped_total",
         "Checkpoints passed over at resume (incomplete or corrupt)",
-        len(ckpt["skipped"]),
+        fold.skipped,
     )
     yield _counter(
         "trainer_checkpoint_failures_total",
         "Checkpoint saves that failed (nothing committed, training went on)",
-        ckpt.get("failed", 0),
+        fold.failed,
     )
-    if commits:
+    if fold.last_commit is not None:
         yield GaugeMetricFamily(
             "trainer_last_checkpoint_timestamp_seconds",
             "Unix time of the last commit",
-            value=float(commits[-1]["t"]),
+            value=fold.last_commit[0],
         )
         yield GaugeMetricFamily(
             "trainer_last_checkpoint_step",
             "Last step held by the last commit",
-            value=float(commits[-1]["step"]),
+            value=float(fold.last_commit[1]),
         )
-    since = float(commits[-1]["t"]) if commits else first_t
-    if since is not None and summary["status"] != "completed":
+    since = fold.last_commit[0] if fold.last_commit is not None else first_t
+    if since is not None and not completed:
         yield GaugeMetricFamily(
             "trainer_seconds_since_last_checkpoint",
             "Seconds since the last durable checkpoint (since the run started before the first one)",
@@ -314,9 +361,16 @@ def _checkpoint_families(
 
 
 class RunCollector(Collector):
-    """A prometheus_client collector: every collect() polls the event files and summarizes them."""
+    """A prometheus_client collector: every collect() folds what was appended to the event files since the
+    last one and exports the folded figures."""
 
-    def __init__(self, out_dir: str | Path, *, rank: int, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        rank: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.tail = EventTail(out_dir)
         self.rank = rank
         self.clock = clock
@@ -330,6 +384,5 @@ class RunCollector(Collector):
             return
         with self._lock:
             self.tail.poll()
-            events = list(self.tail.events)
-            bad = self.tail.bad
-        yield from run_families(summarize_events(events, bad), events, self.clock())
+            families = list(fold_families(self.tail.fold, self.clock()))
+        yield from families

@@ -1,5 +1,13 @@
 """The HTTP endpoint of the trainer's live metrics (trainer/metrics_export.py): one per pod, on local rank 0.
 
+The endpoint runs in a small child process of local rank 0 (`python -m trainer.metrics_server`, niced):
+reading and folding the event files never takes the GIL or a core from a training step. It imports no
+torch (prometheus_client and the standard library only), so it starts in a fraction of a second. The
+parent talks to it over the child's stdin/stdout, one line at a time: the child answers `ready <port>` or
+`error <errno> <message>` once it bound the port (a taken port is the parent's OSError, as before), a
+`linger <seconds>` line is answered `lingered 1|0`, and the child exits when its stdin closes, i.e. when
+the training process exits or dies (no orphan holds the port for the next worker).
+
 A small threaded WSGI server instead of prometheus_client's start_http_server, for one reason: it knows
 when a response has been written in full, so a completed run can stay up exactly until the collector
 holds its final figures (`linger`).
@@ -7,7 +15,13 @@ holds its final figures (`linger`).
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import errno as errno_mod
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -44,10 +58,10 @@ class _Served:
         self._on_close()
 
 
-class MetricsServer:
-    """Serves a RunCollector on http://<addr>:<port>/metrics (port 0 picks a free port; read `.port`).
+class Endpoint:
+    """Serves a RunCollector on http://<addr>:<port>/metrics in this process (port 0 picks a free port).
 
-    Create it once per process, outside any in-process restart loop: it owns a listening socket.
+    The child process runs it; MetricsServer is the training process's handle on that child.
     """
 
     def __init__(self, out_dir: str | Path, port: int, *, rank: int, addr: str = "0.0.0.0") -> None:
@@ -75,6 +89,50 @@ class MetricsServer:
             self._newest_done = max(self._newest_done, number)
             self._served.notify_all()
 
+    def linger(self, timeout_s: float) -> bool:
+        """After the run's last event: stay up until a request that started after this call has been
+        answered in full (or timeout_s passed), so the collector holds the final figures before the pod
+        goes away. A request already in flight may have read the log before the last event."""
+        if timeout_s <= 0:
+            return False
+        with self._served:
+            mark = self._started
+            return self._served.wait_for(lambda: self._newest_done > mark, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class MetricsServer:
+    """The training process's handle on its metrics endpoint, served by a child process (module doc).
+
+    Create it once per process, outside any in-process restart loop: its child owns a listening socket.
+    Raises OSError (errno and message of the child's bind) when the port cannot be bound.
+    """
+
+    def __init__(self, out_dir: str | Path, port: int, *, rank: int, addr: str = "0.0.0.0") -> None:
+        cmd = [sys.executable, "-m", "trainer.metrics_server", "--out-dir", str(out_dir), "--port", str(port),
+               "--rank", str(rank), "--addr", addr]  # fmt: skip
+        root = str(Path(__file__).resolve().parent.parent)  # the child imports this very trainer package
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        }
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._lock = threading.Lock()
+        first = self._proc.stdout.readline().split(" ", 2)
+        if first[0] == "ready":
+            self.port = int(first[1])
+            return
+        self._proc.wait()
+        if first[0] == "error" and len(first) == 3:
+            raise OSError(int(first[1]), first[2].strip())
+        raise OSError(errno_mod.EIO, f"the metrics endpoint process exited ({self._proc.returncode})")
+
     @classmethod
     def maybe_start(
         cls, out_dir: str | Path, port: int, *, rank: int, local_rank: int
@@ -89,15 +147,54 @@ class MetricsServer:
             return None
 
     def linger(self, timeout_s: float) -> bool:
-        """After the run's last event: stay up until a request that started after this call has been
-        answered in full (or timeout_s passed), so the collector holds the final figures before the pod
-        goes away. A request already in flight may have read the log before the last event."""
+        """See Endpoint.linger: the child waits for the next full response after this call."""
         if timeout_s <= 0:
             return False
-        with self._served:
-            mark = self._started
-            return self._served.wait_for(lambda: self._newest_done > mark, timeout=timeout_s)
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        with self._lock:
+            try:
+                self._proc.stdin.write(f"linger {timeout_s}\n")
+                self._proc.stdin.flush()
+                return self._proc.stdout.readline().strip() == "lingered 1"
+            except OSError:  # the child is gone: nothing to wait for
+                return False
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()  # the child's cue to shut the server down and exit
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+def serve(argv: list[str] | None = None) -> int:
+    """The child: bind, say `ready <port>`, serve until stdin closes (see the module doc)."""
+    parser = argparse.ArgumentParser(prog="python -m trainer.metrics_server")
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--addr", default="0.0.0.0")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(OSError):
+        os.nice(10)  # below the training processes: a scrape waits, a step never does
+    try:
+        endpoint = Endpoint(args.out_dir, args.port, rank=args.rank, addr=args.addr)
+    except OSError as exc:
+        print(f"error {exc.errno or errno_mod.EIO} {exc.strerror or exc}", flush=True)
+        return 1
+    print(f"ready {endpoint.port}", flush=True)
+    try:
+        for line in sys.stdin:
+            word, _, value = line.strip().partition(" ")
+            if word == "linger":
+                print(f"lingered {int(endpoint.linger(float(value)))}", flush=True)
+    finally:
+        endpoint.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

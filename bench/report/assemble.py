@@ -1,8 +1,9 @@
 """Turn the benchmark JSON under bench/results/ into markdown tables, PNG plots and the README's headline.
 
 Reads whatever results exist (recovery.json, recovery_pods.json, ckpt_stall.json, synth.json,
-planner.json), writes ``bench/results/RESULTS.md`` and the plots next to it, and replaces the text between
-``<!-- bench:results:start -->`` and ``<!-- bench:results:end -->`` in README.md - nothing else there.
+scale.json, planner.json), writes ``bench/results/RESULTS.md`` and the plots next to it, and replaces the
+text between ``<!-- bench:results:start -->`` and ``<!-- bench:results:end -->`` in README.md - nothing
+else there.
 
     python -m bench.report [--results bench/results] [--readme README.md]
 """
@@ -20,6 +21,7 @@ from bench.report.headline import headline_section
 from bench.report.planner import planner_section
 from bench.report.pods import pods_section
 from bench.report.recovery import recovery_plot, recovery_section
+from bench.report.scale import scale_plot, scale_section
 from bench.report.snapshots import snapshots_section
 from bench.report.synth import synth_plot, synth_section
 
@@ -68,6 +70,11 @@ def build(results: Path) -> str:
         parts.append(synth_section(synth))
         if synth_plot(synth, results / "synth.png"):
             parts += ["![synth](bench/results/synth.png)", ""]
+    scale = _load(results / "scale.json")
+    if scale:
+        parts.append(scale_section(scale))
+        if scale_plot(scale, results / "scale.png"):
+            parts += ["![scale](bench/results/scale.png)", ""]
     plan = _load(results / "planner.json")
     if plan:
         parts.append(planner_section(plan))
@@ -112,7 +119,8 @@ def headline(results: Path) -> str:
         *(
             _load(results / f"{name}.json")
             for name in ("meta", "recovery", "recovery_pods", "ckpt_stall", "planner")
-        )
+        ),
+        scale=_load(results / "scale.json"),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.report.fmt import fmt_spread, md_table
+from bench.report.scale import scale_headline_rows
 
 
 def _summary(res: dict[str, Any] | None, scenario: str, key: str = "mttr_s") -> dict[str, Any] | None:
@@ -28,6 +29,7 @@ def headline_section(
     pods: dict[str, Any] | None,
     stall: dict[str, Any] | None,
     plan: dict[str, Any] | None,
+    scale: dict[str, Any] | None = None,
 ) -> str:
     """Markdown: one row per headline figure that the results hold (rows without data are left out)."""
     rows: list[list[str]] = []
@@ -56,6 +58,7 @@ def headline_section(
                 "goodput planner",
             ]
         )
+    rows += scale_headline_rows(scale)  # bench.scale's projections to 2,048 nodes x 8 ranks
     if not rows:
         return "(no benchmark results yet: run `make bench`)\n"
     when = f"`{meta['command']}` on {meta['date']} ({meta['machine']})" if meta else "`make bench`"

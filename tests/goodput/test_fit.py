@@ -9,6 +9,7 @@ import pytest
 import goodput
 from goodput import PlanError, Tier
 from goodput.cli import main
+from goodput.inputs import NODE_LOSS_MTTR_S
 from tests.goodput._plans import TIERS
 
 
@@ -99,7 +100,7 @@ def test_measured_mttrs_come_from_the_recovery_bench(tmp_path, capsys):
     assert main(["--measured", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     # The default tiers: in-process measured, node-loss (no scenario: its assumed MTTR), job-restart.
-    assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, 180.0, 12.0]
+    assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, float(NODE_LOSS_MTTR_S), 12.0]
 
 
 def test_a_node_loss_reported_by_each_rank_is_one_incident():

@@ -176,10 +176,45 @@ class Zygote:
 
             traceback.print_exc()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(code)
+            _exit_like_a_cold_worker(code)
+
+
+EXIT_HANDLERS_TIMEOUT_S = 20.0
+"""How long a forked worker's exit handlers may take (closing the checkpoint worker is bounded at 5 s)."""
+
+
+def _exit_like_a_cold_worker(code: int) -> None:
+    """End the forked worker as `python -m trainer` ends: run the interpreter's exit handlers, then exit.
+
+    A forked child must leave through os._exit (never return into the zygote's loop), and os._exit runs no
+    atexit handler. Multiprocessing's is one of them: it runs the finalizers that close NVRx's checkpoint
+    worker and shut the write-results Manager down. Without it every completed or given-up forked worker
+    left its Manager and resource tracker behind, reparented to init, ~200 MB each (tests/orphans.py
+    found them). The handlers get a bounded time; any multiprocessing child still alive after them is
+    killed: nothing of this run outlives it.
+    """
+    import atexit
+    import multiprocessing
+
+    def last_resort() -> None:
+        time.sleep(EXIT_HANDLERS_TIMEOUT_S)
+        _kill_children(multiprocessing)
+        os._exit(code)
+
+    threading.Thread(target=last_resort, name="exit-deadline", daemon=True).start()
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    _kill_children(multiprocessing)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _kill_children(multiprocessing: Any) -> None:
+    with contextlib.suppress(Exception):
+        for child in multiprocessing.active_children():
+            child.kill()
 
 
 def run_module(request: dict[str, Any]) -> int:

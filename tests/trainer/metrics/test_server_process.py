@@ -1,0 +1,62 @@
+"""The metrics endpoint's child process: a taken port is the parent's OSError, and the child never outlives
+its training process (it would hold the port against the restarted worker)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from trainer.metrics_server import MetricsServer
+
+PARENT = """
+import sys
+from trainer.metrics_server import MetricsServer
+server = MetricsServer(sys.argv[1], 0, rank=0, addr="127.0.0.1")
+print(server._proc.pid, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie has exited
+        return fh.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_a_taken_port_is_the_parents_oserror(tmp_path: Path) -> None:
+    first = MetricsServer(tmp_path, 0, rank=0, addr="127.0.0.1")
+    try:
+        with pytest.raises(OSError) as info:
+            MetricsServer(tmp_path, first.port, rank=0, addr="127.0.0.1")
+        assert info.value.errno == errno.EADDRINUSE
+    finally:
+        first.close()
+    assert first._proc.returncode == 0  # closing its stdin ended it cleanly
+
+
+def test_the_child_exits_when_its_training_process_is_killed(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the endpoint process outlived its killed parent"
