@@ -20,6 +20,7 @@ from trainer.checkpoint.config import CheckpointConfig
 from trainer.errors import UnrecoverableError, error_line
 from trainer.faults import FAULT_KINDS, FaultSpec, parse_fault
 from trainer.flags import FlagParser
+from trainer.inputs import resolved
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DIR
@@ -118,9 +119,9 @@ class TrainConfig:
             raise ConfigError(
                 "snapshot_interval", f"must be >= 0 (0 = off), got {self.snapshot.interval_steps}"
             )
-        if self.snapshot.enabled and self.snapshot.dir.resolve() in (
-            self.ckpt.dir.resolve(),
-            *([self.ckpt.local_dir.resolve()] if self.ckpt.local_dir else []),
+        if self.snapshot.enabled and resolved("snapshot_dir", self.snapshot.dir) in (
+            resolved("ckpt_dir", self.ckpt.dir),
+            *([resolved("ckpt_local_dir", self.ckpt.local_dir)] if self.ckpt.local_dir else []),
         ):
             raise ConfigError("snapshot_dir", "must differ from the checkpoint directories")
         try:
