@@ -171,10 +171,10 @@ def path_segments_problem(path: str, *, leading_slash: bool) -> str | None:
     if leading_slash and not path.startswith("/"):
         return f"{path!r} must start with /"
     body = path[1:] if leading_slash else path
+    if not body:  # "/" itself
+        return None
     if body.endswith("/"):
         body = body[:-1]
-    if not body:
-        return None
     for segment in body.split("/"):
         if segment in ("", ".", ".."):
             shown = "an empty segment (//)" if segment == "" else f"a {segment!r} segment"
