@@ -225,7 +225,8 @@ _INT_LIKE = re.compile(r"[-+]?[0-9][0-9a-fA-FxXoObB_:]*", re.ASCII)
 
 def check_yaml_events(text: str, loader: Any, source: str) -> None:
     """Refuse, before any object is built, a document whose aliases expand past ALIAS_EXPANSION_BUDGET
-    nodes (an alias bomb: every later walk would be exponential in the file's size) and a plain number too long to be any field's value. Linear in the events."""
+    nodes (an alias bomb: every later walk would be exponential in the file's size) and a plain number
+    too long to be any field's value. Linear in the events."""
     expanded: dict[str, int] = {}  # anchor -> nodes its value expands to
     open_anchors: list[str | None] = []
     sizes: list[int] = []
