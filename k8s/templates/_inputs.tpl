@@ -52,7 +52,7 @@ The trainer settings extraEnv may set, with the form the trainer parses (trainer
 is the other half; tests/chart keeps the two in step). Seconds: a plain decimal above 0, at most a week.
 */}}
 {{- define "trainer.trainerEnvForms" -}}
-{{- $seconds := "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+)?$" }}
+{{- $seconds := "^[+]?([0-9]+(\\.[0-9]*)?|\\.[0-9]+)([eE][+-]?[0-9]+)?$" }}
 {{- dict
       "TRAINER_INPROCESS_MONITOR_INTERVAL" (list "seconds" $seconds)
       "TRAINER_INPROCESS_LAST_CALL_WAIT" (list "seconds" $seconds)
