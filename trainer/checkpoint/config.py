@@ -69,7 +69,11 @@ class CheckpointConfig:
         object.__setattr__(self, "dir", Path(self.dir))
         if self.local_dir is not None:
             object.__setattr__(self, "local_dir", Path(self.local_dir))
-            if Path(self.local_dir).resolve() == Path(self.dir).resolve():
+            try:
+                same = Path(self.local_dir).resolve() == Path(self.dir).resolve()
+            except RuntimeError:  # Path.resolve's symlink loop: one line, not a traceback
+                raise ValueError(f"local_dir: {self.local_dir} or {self.dir} is a symlink loop") from None
+            if same:
                 raise ValueError("local_dir: must differ from dir")
         for name in ("interval_steps", "keep_latest", "failure_limit"):
             value = getattr(self, name)
