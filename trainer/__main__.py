@@ -32,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trainer.config import config_from_args  # imports torch (the model presets)
 
     try:
+        from trainer.inputs import check_env
+
+        check_env(os.environ)  # before the config: its timeouts read two of these settings
         cfg = config_from_args(argv)
         from trainer.preflight import preflight
 

@@ -29,6 +29,7 @@ from trainer.components import (
 )
 from trainer.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
 from trainer.flags import FlagParser
+from trainer.inputs import resolved
 from trainer.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 from trainer.settings import ConfigError, add_arguments, parsed
@@ -77,9 +78,9 @@ class TrainConfig:
         for name, value in asdict(self.timeouts).items():  # inf would pass the nesting as the outermost
             if value is not None and not math.isfinite(value):  # None: a derived default
                 raise ConfigError(name, f"must be a finite number of seconds, got {value}")
-        if self.snapshot.enabled and self.snapshot.dir.resolve() in (
-            self.ckpt.dir.resolve(),
-            *([self.ckpt.local_dir.resolve()] if self.ckpt.local_dir else []),
+        if self.snapshot.enabled and resolved("snapshot_dir", self.snapshot.dir) in (
+            resolved("ckpt_dir", self.ckpt.dir),
+            *([resolved("ckpt_local_dir", self.ckpt.local_dir)] if self.ckpt.local_dir else []),
         ):
             raise ConfigError("snapshot_dir", "must differ from the checkpoint directories")
         try:

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data_check import write_meta
+from trainer.data_check import TOKEN_DTYPES, read_header, write_meta
+from trainer.flags import int64
+from trainer.inputs import TOKEN_FILE_MAX_BYTES, open_regular
 
 _CHUNK = 1 << 22  # tokens generated per chunk when writing, to bound memory for large files
 
@@ -74,13 +76,18 @@ class TokenDataset:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"data_path: no token file at {self.path}")
-        tokens = np.load(self.path, mmap_mode="r")
-        if tokens.ndim != 1 or tokens.dtype not in (np.uint16, np.uint32):
-            raise ValueError(
-                f"data_path: {self.path} must hold a 1-D uint16/uint32 array, "
-                f"got {tokens.dtype}{tokens.shape}"
-            )
-        self.tokens = tokens
+        # One descriptor for the header and the map (trainer/inputs.py): no FIFO, device or symlink loop,
+        # and the map is of the file whose header was read, even if the path is replaced meanwhile.
+        with open_regular(self.path, "data_path", max_bytes=TOKEN_FILE_MAX_BYTES) as f:
+            dtype, shape, offset = read_header(f)
+            if len(shape) != 1 or dtype not in TOKEN_DTYPES:
+                raise ValueError(
+                    f"data_path: {self.path} must hold a 1-D uint16/uint32 array, got {dtype}{shape}"
+                )
+            if offset + int(shape[0]) * dtype.itemsize > f.size:
+                raise ValueError(f"data_path: {self.path} is shorter than its header promises")
+            with open(f.fd, "rb", closefd=False) as fh:
+                self.tokens = np.memmap(fh, dtype=dtype, mode="r", offset=offset, shape=shape)
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -191,9 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m trainer.data", description="Write a synthetic memory-mappable token file."
     )
     parser.add_argument("--out", required=True, type=Path, help="output .npy file")
-    parser.add_argument("--tokens", required=True, type=int, help="number of tokens")
-    parser.add_argument("--vocab", required=True, type=int, help="vocabulary size (token ids < vocab)")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed")
+    # The flags' strict integers: ASCII digits within int64 (plain int() reads "١٢" and "1_000").
+    parser.add_argument("--tokens", required=True, type=int64, help="number of tokens")
+    parser.add_argument("--vocab", required=True, type=int64, help="vocabulary size (token ids < vocab)")
+    parser.add_argument("--seed", type=int64, default=0, help="generator seed")
     args = parser.parse_args(argv)
     try:
         path = write_synthetic_tokens(args.out, args.tokens, args.vocab, args.seed)

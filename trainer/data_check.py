@@ -13,7 +13,9 @@ Every failure is a ConfigError on `data_path` whose message says what was found 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from trainer.errors import UnrecoverableError
+from trainer.inputs import SIDECAR_MAX_BYTES, TOKEN_FILE_MAX_BYTES, StableFile, open_regular, read_small
 
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 SAMPLE_CHUNKS = 16
@@ -61,29 +64,28 @@ def _error(why: str) -> UnrecoverableError:
     return ConfigError("data_path", why)
 
 
-def _header(path: Path) -> tuple[np.dtype[Any], tuple[int, ...], int]:
-    """(dtype, shape, data offset) of a .npy file, or a ConfigError saying what the file is instead."""
+HEADER_READ_BYTES = 64 * 1024 + 16  # a version 1.0 header's largest size; numpy caps 2.0 headers lower
+
+
+def read_header(f: StableFile) -> tuple[np.dtype[Any], tuple[int, ...], int]:
+    """(dtype, shape, data offset) of the opened .npy file, or a ConfigError saying what it is instead."""
+    path = f.path
+    head = f.pread(0, min(f.size, HEADER_READ_BYTES))
+    if not head.startswith(b"\x93NUMPY"):
+        raise _error(f"{path} is not a .npy array: {_what_is(head[:8])}; {FIX}")
+    fh = io.BytesIO(head)
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if not head.startswith(b"\x93NUMPY"):
-                raise _error(f"{path} is not a .npy array: {_what_is(head)}; {FIX}")
-            fh.seek(0)
-            version = np.lib.format.read_magic(fh)
-            reader = {
-                (1, 0): np.lib.format.read_array_header_1_0,
-                (2, 0): np.lib.format.read_array_header_2_0,
-            }.get(version)
-            if reader is None:
-                raise _error(f"{path}: unsupported .npy format version {version}; {FIX}")
-            shape, _fortran, dtype = reader(fh)
-            return dtype, shape, fh.tell()
-    except UnrecoverableError:
-        raise
-    except (ValueError, SyntaxError) as exc:  # numpy's header parser: a damaged header
+        version = np.lib.format.read_magic(fh)
+        reader = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
+        if reader is None:
+            raise _error(f"{path}: unsupported .npy format version {version}; {FIX}")
+        shape, _fortran, dtype = reader(fh)
+        return dtype, shape, fh.tell()
+    except (ValueError, SyntaxError) as exc:  # numpy's header parser: a damaged or cut-off header
         raise _error(f"{path} has a damaged .npy header ({exc}); {FIX}") from None
-    except OSError as exc:
-        raise _error(f"{path} cannot be read ({exc.strerror or exc})") from None
 
 
 def _what_is(head: bytes) -> str:
@@ -101,21 +103,48 @@ def _what_is(head: bytes) -> str:
 
 
 def _recorded_max(path: Path, num_tokens: int, dtype: np.dtype[Any]) -> int | None:
-    """The recorded maximum id, if the sidecar exists and still describes this file."""
+    """The recorded maximum id, if the sidecar exists and still describes this file. A sidecar that is
+    not a small regular file (a FIFO, /dev/zero, a symlink loop) is refused: reading it would hang."""
+    sidecar = meta_path(path)
     try:
-        record = json.loads(meta_path(path).read_text(encoding="utf-8"))
+        os.stat(sidecar)
+    except FileNotFoundError:  # none (or a dangling link): the sample still runs
+        return None
+    except (OSError, ValueError):
+        pass  # open_regular says what is wrong with it
+    raw = read_small(sidecar, "data_path", max_bytes=SIDECAR_MAX_BYTES)
+    try:
+        record = json.loads(raw.decode("utf-8"))
         if record["num_tokens"] == num_tokens and record["dtype"] == dtype.name:
-            return int(record["max_token"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # no sidecar, or not one of ours: the sample still runs
+            value = record["max_token"]
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+    except (ValueError, KeyError, TypeError):
+        pass  # not one of ours: the sample still runs
     return None
+
+
+def sample_starts(n: int) -> tuple[int, list[int]]:
+    """(chunk length, chunk starts) of the fixed-size sample of an n-token file."""
+    chunk = min(SAMPLE_CHUNK_TOKENS, n)
+    return chunk, sorted({int(s) for s in np.linspace(0, n - chunk, SAMPLE_CHUNKS)})
+
+
+def _sample_max_fd(f: StableFile, offset: int, n: int, dtype: np.dtype[Any]) -> tuple[int, int]:
+    """sample_max over the opened file, read with pread (a file truncated meanwhile is a short read,
+    reported as a ConfigError, not the SIGBUS a memory map of its vanished pages raises)."""
+    chunk, starts = sample_starts(n)
+    best, where = -1, 0
+    for start in starts:
+        part = np.frombuffer(f.pread(offset + start * dtype.itemsize, chunk * dtype.itemsize), dtype=dtype)
+        i = int(part.argmax())
+        if int(part[i]) > best:
+            best, where = int(part[i]), start + i
+    return best, where
 
 
 def sample_max(tokens: np.ndarray) -> tuple[int, int]:
     """(largest id, its index) over a fixed-size sample: first and last chunk and evenly spaced ones."""
-    n = int(tokens.shape[0])
-    chunk = min(SAMPLE_CHUNK_TOKENS, n)
-    starts = sorted({int(s) for s in np.linspace(0, n - chunk, SAMPLE_CHUNKS)})
+    chunk, starts = sample_starts(int(tokens.shape[0]))
     best, where = -1, 0
     for start in starts:
         part = np.asarray(tokens[start : start + chunk])
@@ -130,9 +159,13 @@ def check_token_file(
 ) -> TokenFileInfo:
     """Raise ConfigError(data_path) unless `path` holds tokens this run can train on; bounded time."""
     path = Path(path)
-    if not path.is_file():
-        raise _error(f"{path} is not a file (write one with python -m trainer.data)")
-    dtype, shape, offset = _header(path)
+    with open_regular(path, "data_path", max_bytes=TOKEN_FILE_MAX_BYTES) as f:
+        return _check_open_file(f, vocab_size=vocab_size, seq_len=seq_len, world_size=world_size)
+
+
+def _check_open_file(f: StableFile, *, vocab_size: int, seq_len: int, world_size: int) -> TokenFileInfo:
+    path = f.path
+    dtype, shape, offset = read_header(f)
     if dtype.hasobject:
         raise _error(f"{path} holds pickled Python objects (dtype object), not token ids; {FIX}")
     if len(shape) != 1 or dtype not in TOKEN_DTYPES:
@@ -141,7 +174,7 @@ def check_token_file(
             f"uint32 array; {FIX}"
         )
     num_tokens = int(shape[0])
-    size = path.stat().st_size
+    size = f.size  # fstat of the descriptor every read below goes to
     if offset + num_tokens * dtype.itemsize > size:
         raise _error(
             f"{path} is truncated: its header promises {num_tokens} tokens "
@@ -158,8 +191,7 @@ def check_token_file(
         raise _error(_beyond_vocab(path, recorded, vocab_size, f"recorded in {meta_path(path).name}"))
     max_seen = recorded if recorded is not None else -1
     if dtype.itemsize * 8 > 16 or vocab_size < 2**16:  # a uint16 file cannot exceed a vocab >= 65536
-        tokens = np.load(path, mmap_mode="r")
-        sampled, where = sample_max(tokens)
+        sampled, where = _sample_max_fd(f, offset, num_tokens, dtype)
         if sampled >= vocab_size:
             raise _error(_beyond_vocab(path, sampled, vocab_size, f"at token index {where}"))
         max_seen = max(max_seen, sampled)

@@ -15,13 +15,14 @@ import os
 import socket
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer.config import ConfigError, TrainConfig
 from trainer.data_check import check_token_file
 from trainer.faults import RANDOM
+from trainer.inputs import bounded_seconds, check_dir_lookup, check_env
 
 if TYPE_CHECKING:
     from trainer.metrics_server import MetricsServer
@@ -80,10 +81,23 @@ def check_writable_dir(field: str, path: Path) -> None:
 
 
 def check_dirs(cfg: TrainConfig) -> None:
-    check_writable_dir("out_dir", cfg.run.out_dir)
-    check_writable_dir("ckpt_dir", cfg.ckpt.dir)
+    dirs = [("out_dir", cfg.run.out_dir), ("ckpt_dir", cfg.ckpt.dir)]
     if cfg.ckpt.local_dir is not None:
-        check_writable_dir("ckpt_local_dir", cfg.ckpt.local_dir)
+        dirs.append(("ckpt_local_dir", cfg.ckpt.local_dir))
+    for field, path in dirs:
+        check_dir_lookup(field, path)  # a symlink loop: one line, not "cannot be created" or a traceback
+        check_writable_dir(field, path)
+    if cfg.snapshot.enabled:
+        check_dir_lookup("snapshot_dir", cfg.snapshot.dir)
+
+
+def check_seconds(cfg: TrainConfig) -> None:
+    """Every seconds-valued setting is at most a week (trainer/inputs.py MAX_SECONDS)."""
+    for name, value in asdict(cfg.timeouts).items():
+        if name != "hang_timeout_factor" and name != "hang_warmup_steps":
+            bounded_seconds(name, value)
+    bounded_seconds("metrics_linger", cfg.metrics.linger)
+    bounded_seconds("ckpt_write_timeout", cfg.ckpt.write_timeout_s)
 
 
 def check_fault_targets(cfg: TrainConfig, world: World) -> None:
@@ -159,6 +173,8 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     local rank 0 does (it serves the node's endpoint; another local rank would race with it).
     """
     env = os.environ if env is None else env
+    check_env(env)
+    check_seconds(cfg)
     world = world_from_env(env)
     check_token_file(
         cfg.data.path,

@@ -9,18 +9,21 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from infra.inputs import ACCOUNT_ID, cidr_problem, non_ascii_problem, path_segments_problem
+from infra.inputs import IAM_PRINCIPAL_ARN as ARN_PATTERN
+from infra.inputs import partition_of as partition_of
+from infra.inputs import region_problem as region_problem
+
 # Patterns are matched with fullmatch: `$` would accept a trailing newline (a YAML block scalar).
-TEAM_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
-ACCOUNT = re.compile(r"\d{12}")
-REGION = re.compile(r"(?P<geo>[a-z]{2})(?P<kind>-gov|-iso[a-z]?)?-[a-z]+-\d")
-IAM_PRINCIPAL_ARN = re.compile(
-    r"arn:(?P<partition>aws|aws-cn|aws-us-gov):iam::\d{12}:(role|user)/[\w+=,.@/-]{1,512}"
-)
+# re.ASCII everywhere: `\d` and `\w` would accept Arabic-Indic digits and Cyrillic letters (infra/inputs.py).
+TEAM_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+ACCOUNT = ACCOUNT_ID
+IAM_PRINCIPAL_ARN = ARN_PATTERN
 # On-demand capacity reservations and capacity blocks share the `cr-` id space (8 or 17 hex digits).
-CAPACITY_ID = re.compile(r"cr-([0-9a-f]{8}|[0-9a-f]{17})")
-EC2_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+")
+CAPACITY_ID = re.compile(r"cr-([0-9a-f]{8}|[0-9a-f]{17})", re.ASCII)
+EC2_TYPE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9]+", re.ASCII)
 S3_PATH = re.compile(r"s3://(?P<bucket>[^/]*)(?P<prefix>/\S*)?")
-_BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET_CHARS = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", re.ASCII)
 
 # Names infra derives from the team name (node groups, the FSx PV); EKS and Kubernetes cap them at 63.
 # The longest suffix decides how long a team name may be: keep it in step with cluster.py,
@@ -29,29 +32,7 @@ DERIVED_NAME_SUFFIXES = ("-system", "-gpu", "-fsx")
 MAX_DERIVED_NAME = 63
 MAX_TEAM_NAME = MAX_DERIVED_NAME - max(map(len, DERIVED_NAME_SUFFIXES))
 
-# The regions' partitions this project synthesizes for; ISO partitions are not supported.
-_PARTITION_BY_REGION_KIND = {"cn": "aws-cn", "us-gov": "aws-us-gov"}
-
 _RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
-
-
-def partition_of(region: str) -> str:
-    """The ARN partition of a commercial, China or GovCloud region name."""
-    match = REGION.fullmatch(region)
-    if match and match["geo"] == "cn":
-        return _PARTITION_BY_REGION_KIND["cn"]
-    if match and match["geo"] == "us" and match["kind"] == "-gov":
-        return _PARTITION_BY_REGION_KIND["us-gov"]
-    return "aws"
-
-
-def region_problem(region: str) -> str | None:
-    match = REGION.fullmatch(region)
-    if not match:
-        return f"{region!r} is not an AWS region name (e.g. us-east-2)"
-    if match["kind"] and match["kind"].startswith("-iso"):
-        return f"{region} is an ISO (air-gapped) region; its partitions are not supported"
-    return None
 
 
 def team_name_problem(name: str) -> str | None:
@@ -72,7 +53,11 @@ def team_name_problem(name: str) -> str | None:
 def arn_problem(arn: str, region: str) -> str | None:
     match = IAM_PRINCIPAL_ARN.fullmatch(arn)
     if not match:
-        return f"{arn!r} is not an IAM role or user ARN (arn:<partition>:iam::<12 digits>:role/<name>)"
+        ascii_hint = f" ({problem})" if (problem := non_ascii_problem(arn)) else ""
+        return (
+            f"{arn!r} is not an IAM role or user ARN (arn:<partition>:iam::<12 digits>:role/<name>)"
+            + ascii_hint
+        )
     expected = partition_of(region)
     if match["partition"] != expected:
         return f"{arn!r} is in partition {match['partition']}, but region {region} is in {expected}"
@@ -106,15 +91,16 @@ def s3_path_problem(path: str) -> str | None:
     match = S3_PATH.fullmatch(path)
     if not match:
         return f"{path!r} is not an S3 path (s3://bucket[/prefix])"
+    if match["prefix"] and (problem := path_segments_problem(match["prefix"], leading_slash=True)):
+        return problem
     return bucket_problem(match["bucket"])
 
 
 def vpc_cidr_problem(cidr: str) -> str | None:
-    try:
-        net = ipaddress.ip_network(cidr, strict=True)
-    except ValueError as exc:
-        return f"{cidr!r} is not a CIDR block ({exc})"
-    if net.version != 4 or net.prefixlen != 16:
+    net, problem = cidr_problem(cidr, ipv4_only=True)
+    if problem or net is None:
+        return problem
+    if net.prefixlen != 16:
         return f"{cidr} must be a private IPv4 /16 (the subnet layout needs the space)"
     if not (isinstance(net, ipaddress.IPv4Network) and any(net.subnet_of(space) for space in _RFC1918)):
         kind = next(
@@ -139,11 +125,13 @@ def public_cidrs_problem(cidrs: list[str]) -> str | None:
     """Refuse CIDRs that are not blocks, and any set whose union covers a whole address family."""
     v4: list[ipaddress.IPv4Network] = []
     v6: list[ipaddress.IPv6Network] = []
+    ipv6: str | None = None
     for cidr in cidrs:
-        try:
-            net = ipaddress.ip_network(cidr, strict=True)
-        except ValueError:
-            return f"{cidr!r} is not a CIDR block"
+        net, problem = cidr_problem(cidr, ipv4_only=False)
+        if problem or net is None:
+            return problem
+        if net.version == 6:
+            ipv6 = ipv6 or cidr
         if isinstance(net, ipaddress.IPv4Network):
             v4.append(net)
         else:
@@ -161,4 +149,6 @@ def public_cidrs_problem(cidrs: list[str]) -> str | None:
         written = ", ".join(cidrs)
         covers = "" if written == everything else f" (the union of {written} covers it)"
         return f"{everything} would open the API server to the internet{covers}"
+    if ipv6:  # the cluster is IPv4: an IPv6 block would be accepted here and admit no one there
+        return f"{ipv6} is an IPv6 block; the cluster is IPv4, so only IPv4 CIDRs apply"
     return None

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from infra.inputs import InputError, check_yaml_events, read_teams_bytes
 from infra.teams.errors import TeamsConfigError, describe, format_loc, one_line
 from infra.teams.team import TeamConfig, TeamsFile
 
@@ -100,14 +101,15 @@ def load_teams(path: str | Path) -> list[TeamConfig]:
     """Read and validate the teams file at `path`; raise `TeamsConfigError` (one line) on any problem."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TeamsConfigError(f"{path}: teams file not found") from None
-    except OSError as exc:
-        raise TeamsConfigError(f"{path}: cannot read the teams file ({exc.strerror})") from None
+        raw = read_teams_bytes(path)  # a regular file within the cap, through one descriptor
+    except InputError as exc:
+        raise TeamsConfigError(str(exc)) from None
     text = _decode(path, raw)
     try:
+        check_yaml_events(text, _SafeLoader, str(path))  # alias bombs and huge numbers, before any walk
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except InputError as exc:
+        raise TeamsConfigError(str(exc)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -12,6 +12,8 @@ from pydantic import Field
 
 from infra.teams.base import StrictModel
 
+ADDON_VERSION_PATTERN = r"^v[0-9]+\.[0-9]+\.[0-9]+-eksbuild\.[0-9]+$"
+
 
 class AlarmThresholds(StrictModel):
     """When the team's alarms fire (each routed to the alarm topic)."""
@@ -37,6 +39,7 @@ class ObservabilityConfig(StrictModel):
     """E-mail addresses subscribed to the alarm topic (each confirms the subscription once)."""
     scrape_interval_s: Annotated[int, Field(ge=10, le=300)] = 30
     """How often the collector scrapes the trainer's endpoint."""
-    cloudwatch_addon_version: Annotated[str, Field(pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$")] | None = None
+    # [0-9], not \d: pydantic's Rust regex reads \d as any Unicode digit (Arabic-Indic, fullwidth).
+    cloudwatch_addon_version: Annotated[str, Field(pattern=ADDON_VERSION_PATTERN)] | None = None
     """amazon-cloudwatch-observability add-on version; none: EKS's default for the cluster's version."""
     alarms: AlarmThresholds = AlarmThresholds()

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
+from infra.inputs import path_segments_problem
 from infra.teams.aws_rules import s3_path_problem
 from infra.teams.base import StrictModel
 from infra.teams.errors import FieldError
@@ -50,8 +51,10 @@ class FsxConfig(StrictModel):
     @field_validator("s3_file_system_path")
     @classmethod
     def _fs_path(cls, value: str) -> str:
-        if not value.startswith("/") or "//" in value or any(c.isspace() for c in value):
+        if not value.startswith("/") or any(c.isspace() for c in value):
             raise ValueError(f"{value!r} must be an absolute path inside the file system, e.g. /export")
+        if problem := path_segments_problem(value, leading_slash=True):  # `..` would leave the file system
+            raise ValueError(problem)
         return value
 
     @model_validator(mode="after")

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from infra.inputs import ascii_digits_problem
 from infra.instance_types import GPU_INSTANCE_TYPES
 from infra.teams.aws_rules import (
-    ACCOUNT,
     arn_problem,
     public_cidrs_problem,
     region_problem,
@@ -66,8 +66,8 @@ class TeamConfig(StrictModel):
     def _account(cls, value: Any) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             raise ValueError("quote the account id (YAML reads it as a number and drops leading zeros)")
-        if isinstance(value, str) and not ACCOUNT.fullmatch(value):
-            raise ValueError(f"{value!r} is not a 12-digit AWS account id")
+        if isinstance(value, str) and (problem := ascii_digits_problem(value, 12, "12-digit AWS account id")):
+            raise ValueError(problem)
         return value
 
     @field_validator("region")

@@ -82,6 +82,15 @@ The trainer's env: plain values only (no downward API), so the demo can take the
 first eight are the places Contract 2 names; the rest configure NCCL and EFA.
 */}}
 {{- define "trainer.env" -}}
+{{ include "trainer.chartEnv" . }}
+{{- range $name := keys .Values.extraEnv | sortAlpha }}
+- name: {{ $name | quote }}
+  value: {{ get $.Values.extraEnv $name | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The env the chart itself sets (trainer.reservedNames derives the reserved names from it). */}}
+{{- define "trainer.chartEnv" -}}
 {{- $v := .Values }}
 {{- $run := include "trainer.runName" . }}
 {{- $efa := include "trainer.efaPerNode" . | int -}}
@@ -128,10 +137,6 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
 {{- /* The root filesystem is read-only: HOME and every cache under it live on the /tmp scratch volume. */}}
 - name: HOME
   value: /tmp
-{{- range $name := keys $v.extraEnv | sortAlpha }}
-- name: {{ $name | quote }}
-  value: {{ get $v.extraEnv $name | quote }}
-{{- end }}
 {{- end }}
 
 {{/* Requests and limits: GPUs, EFA devices and huge pages are extended resources (limits = requests). */}}
@@ -178,23 +183,32 @@ runAsGroup: {{ int .Values.runAsGroup }}
 {{- end }}
 {{- end }}
 
+{{/* The pod annotations the chart sets (Prometheus scraping); podAnnotations may not repeat them. */}}
+{{- define "trainer.chartPodAnnotations" -}}
+{{- $v := .Values }}
+{{- if and $v.metricsScrapeAnnotations (gt (int $v.metricsPort) 0) }}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ int $v.metricsPort | quote }}
+prometheus.io/path: /metrics
+{{- end }}
+{{- end }}
+
 {{/* The pod template: metadata and spec. `subdomain` gives the pods DNS names under the Service. */}}
 {{- define "trainer.podTemplate" -}}
 {{- $v := .Values }}
 {{- $fullname := include "trainer.fullname" . -}}
+{{- $_ := include "trainer.validateInputs" . -}}
 metadata:
   labels:
     {{- include "trainer.podLabels" . | nindent 4 }}
-  {{- $scrape := and $v.metricsScrapeAnnotations (gt (int $v.metricsPort) 0) }}
-  {{- if or $v.podAnnotations $scrape }}
+  {{- $chartAnnotations := include "trainer.chartPodAnnotations" . | trim }}
+  {{- if or $v.podAnnotations $chartAnnotations }}
   annotations:
     {{- with $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
-    {{- if $scrape }}
-    prometheus.io/scrape: "true"
-    prometheus.io/port: {{ int $v.metricsPort | quote }}
-    prometheus.io/path: /metrics
+    {{- with $chartAnnotations }}
+    {{- . | nindent 4 }}
     {{- end }}
   {{- end }}
 spec:

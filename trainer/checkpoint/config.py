@@ -85,6 +85,11 @@ class CheckpointConfig:
         object.__setattr__(self, "dir", Path(self.dir))
         if self.local_dir is not None:
             object.__setattr__(self, "local_dir", Path(self.local_dir))
-            if Path(self.local_dir).resolve() == Path(self.dir).resolve():
+            try:
+                same = Path(self.local_dir).resolve() == Path(self.dir).resolve()
+            except RuntimeError:  # Path.resolve's symlink loop: one line, not a traceback
+                loop = f"{self.local_dir} or {self.dir} is a symlink loop"
+                raise ConfigError("ckpt_local_dir", loop) from None
+            if same:
                 raise ConfigError("ckpt_local_dir", "must differ from dir")
         check(self)
