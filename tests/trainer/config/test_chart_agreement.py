@@ -34,7 +34,7 @@ def settings_by_field(draw: st.DrawFn) -> dict[str, Any]:
     steps = draw(st.integers(min_value=1, max_value=40))
     chain = [draw(st.integers(min_value=1, max_value=4))]
     for _ in range(4):
-        chain.append(chain[-1] + draw(st.sampled_from([0, 1, 1, 2, 3])))
+        chain.append(chain[-1] + draw(st.sampled_from([0, 1, 1, 2, 2, 3, 3, 4, 5])))
     hard = chain[2]
     liveness = draw(st.sampled_from([1, 2, hard, hard, hard + 1]))
     floor = liveness + draw(st.sampled_from([0, 1, 1, 4]))
@@ -44,7 +44,7 @@ def settings_by_field(draw: st.DrawFn) -> dict[str, Any]:
     out["timeouts.inprocess_liveness_timeout"] = float(liveness)
     out["timeouts.hang_timeout_floor"] = float(floor)
     out["model.preset"] = "tiny"
-    out["data.seq_len"] = draw(st.sampled_from([32, 512, 513]))
+    out["data.seq_len"] = draw(st.sampled_from([32, 64, 512, 513]))
     out["run.steps"] = steps
     out["ckpt.interval_steps"] = draw(st.integers(min_value=1, max_value=50))
     kind = draw(st.sampled_from(FAULT_KINDS))
@@ -78,7 +78,8 @@ def test_chart_and_trainer_accept_the_same_settings(tmp_path: Path) -> None:
     np.save(data, np.zeros(4096, dtype=np.uint16))
     outcomes: list[bool] = []
 
-    @settings(max_examples=36, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    # derandomize: the same examples on every run, so CI cannot draw a set without both outcomes.
+    @settings(max_examples=36, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(by_field=settings_by_field())
     def agree(by_field: dict[str, Any]) -> None:
         outcomes.append(_agree(by_field, data, tmp_path))
