@@ -22,7 +22,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from infra.addons import PinnedChart
+from infra.addons import PinnedChart, pod_identity_role
 from infra.dashboards import (
     CLOUDWATCH_EXPORTED,
     CLOUDWATCH_EXPORTED_BY_TIER,
@@ -49,16 +49,6 @@ SCRAPER = "cwagent-prometheus"  # the trainer-scraping CloudWatch agent's name a
 ALERTMANAGER_SA = "alertmanager"
 TRAINER_SCRAPE_JOB = "nvrx-trainer"
 _SYSTEM_NODES = {NODE_ROLE_LABEL: "system"}
-
-
-def _pod_identity_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
-    # EKS Pod Identity assumes the role with session tags (sts:AssumeRole + sts:TagSession).
-    return iam.Role(
-        scope,
-        construct_id,
-        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
-        description=description,
-    )
 
 
 def trainer_scrape_config(team_namespace: str, interval_s: int) -> dict[str, Any]:
@@ -151,7 +141,7 @@ class CloudWatchCollection(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         cluster_name = team_namespace  # the cluster is named after the team (infra/cluster.py)
-        self.role = _pod_identity_role(
+        self.role = pod_identity_role(
             self, "AgentRole", "CloudWatch agents (EKS Pod Identity): metrics and logs"
         )
         self.role.add_managed_policy(
@@ -280,7 +270,7 @@ class PrometheusCollection(Construct):
         topic_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.alertmanager_role = _pod_identity_role(
+        self.alertmanager_role = pod_identity_role(
             self, "AlertmanagerRole", "Alertmanager (EKS Pod Identity): publish alerts"
         )
         # Exact actions (topic.grant_publish would add kms:GenerateDataKey*): publish to this topic only.
