@@ -39,7 +39,7 @@ cat > "$GUARD" <<EOF
 [Unit]
 After=local-fs.target
 [Service]
-ExecStartPre=/bin/sh -c 'mountpoint -q $MOUNT || { echo "kubelet: $MOUNT (NVMe checkpoint tier) is not mounted; see nvme-raid in the console output" >&2; exit 1; }'
+ExecStartPre=/bin/sh -c 'mountpoint -q $MOUNT || { echo "kubelet: $MOUNT not mounted" >&2; exit 1; }'
 EOF
 systemctl daemon-reload || true
 if mountpoint -q "$MOUNT"; then exit 0; fi
