@@ -32,10 +32,27 @@ from infra.dashboards import (
 )
 from infra.gpu_nodegroup import GPU_NODE_ROLE, GPU_TAINT_KEY, NODE_ROLE_LABEL
 from infra.teams.observability import ObservabilityConfig
+from infra.workload_security import container_security_context, pod_security_context
 
 CLOUDWATCH_K8S_NAMESPACE = "amazon-cloudwatch"  # created by the add-on
 PROMETHEUS_K8S_NAMESPACE = "monitoring"
 CLOUDWATCH_AGENT_IMAGE = "public.ecr.aws/cloudwatch-agent/cloudwatch-agent:1.300062.0b1304"
+CLOUDWATCH_AGENT_HOME = "/opt/aws/amazon-cloudwatch-agent"
+TRAINER_METRICS_PORT = 9400  # the chart's metricsPort default (k8s/values.yaml; a test keeps them equal)
+# The EKS Pod Identity agent serves credentials on this link-local address of every node.
+POD_IDENTITY_EGRESS = {
+    "to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}],
+    "ports": [{"protocol": "TCP", "port": 80}],
+}
+DNS_EGRESS = {
+    "to": [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ],
+    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+}
 KUBE_PROMETHEUS_STACK = PinnedChart(
     "https://prometheus-community.github.io/helm-charts",
     "kube-prometheus-stack",
@@ -45,6 +62,10 @@ KUBE_PROMETHEUS_STACK = PinnedChart(
 DCGM_EXPORTER = PinnedChart(
     "https://nvidia.github.io/dcgm-exporter/helm-charts", "dcgm-exporter", "4.8.2", PROMETHEUS_K8S_NAMESPACE
 )
+# The UIDs the pinned charts' images are built for (kube-prometheus-stack's and Grafana's defaults), set
+# explicitly so that a chart upgrade cannot drop the non-root, seccomp and read-only settings unnoticed.
+PROMETHEUS_UID = 1000
+GRAFANA_UID = 472
 SCRAPER = "cwagent-prometheus"  # the trainer-scraping CloudWatch agent's name and service account
 ALERTMANAGER_SA = "alertmanager"
 TRAINER_SCRAPE_JOB = "nvrx-trainer"
@@ -173,7 +194,12 @@ class CloudWatchCollection(Construct):
         labels = {"app.kubernetes.io/name": SCRAPER}
         self.scraper = cluster.add_manifest(
             "TrainerScraper",
-            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SCRAPER, "namespace": ns}},
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": SCRAPER, "namespace": ns},
+                "automountServiceAccountToken": False,  # the Deployment's pod spec opts in (it lists pods)
+            },
             # Pod discovery in the team namespace only: a Role there, not a ClusterRole.
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -201,6 +227,7 @@ class CloudWatchCollection(Construct):
                     ),
                 },
             },
+            self._network_policy(team_namespace),
             {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
@@ -217,9 +244,22 @@ class CloudWatchCollection(Construct):
     @staticmethod
     def _pod_spec() -> dict[str, Any]:
         config = f"{SCRAPER}-config"
+        # The image runs as root by default but needs no privilege: a non-root user with the agent's
+        # writable directories (translated config, state, logs) and /tmp on emptyDir volumes.
+        writable = [(f"agent-{d}", f"{CLOUDWATCH_AGENT_HOME}/{d}") for d in ("etc", "var", "logs")]
+        writable.append(("tmp", "/tmp"))
+        # The agent serves no health endpoint: ready once it has translated its config (it starts only
+        # then), alive while that file is there; a crashed agent exits and the container restarts.
+        started = {
+            "exec": {"command": ["test", "-s", f"{CLOUDWATCH_AGENT_HOME}/etc/amazon-cloudwatch-agent.toml"]}
+        }
         return {
             "serviceAccountName": SCRAPER,
+            # Kept: the agent discovers the trainer pods through the Kubernetes API (its Role: get, list
+            # and watch pods in the team namespace only).
+            "automountServiceAccountToken": True,
             "nodeSelector": _SYSTEM_NODES,
+            "securityContext": pod_security_context(),
             "containers": [
                 {
                     "name": "cloudwatch-agent",
@@ -228,10 +268,13 @@ class CloudWatchCollection(Construct):
                         "requests": {"cpu": "200m", "memory": "200Mi"},
                         "limits": {"cpu": "1", "memory": "1Gi"},
                     },
-                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                    "securityContext": container_security_context(),
+                    "readinessProbe": {**started, "initialDelaySeconds": 5, "periodSeconds": 10},
+                    "livenessProbe": {**started, "initialDelaySeconds": 60, "periodSeconds": 30},
                     "volumeMounts": [
-                        {"name": "agent", "mountPath": "/etc/cwagentconfig"},
-                        {"name": "scrape", "mountPath": "/etc/prometheusconfig"},
+                        {"name": "agent", "mountPath": "/etc/cwagentconfig", "readOnly": True},
+                        {"name": "scrape", "mountPath": "/etc/prometheusconfig", "readOnly": True},
+                        *({"name": name, "mountPath": path} for name, path in writable),
                     ],
                 }
             ],
@@ -250,7 +293,38 @@ class CloudWatchCollection(Construct):
                         "items": [{"key": "prometheus.yaml", "path": "prometheus.yaml"}],
                     },
                 },
+                *({"name": name, "emptyDir": {"sizeLimit": "256Mi"}} for name, _ in writable),
             ],
+        }
+
+    @staticmethod
+    def _network_policy(team_namespace: str) -> dict[str, Any]:
+        """No ingress; egress to the trainer's metrics port in the team namespace, DNS, HTTPS (the API
+        server, CloudWatch Logs) and the node's Pod Identity agent (credentials)."""
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": SCRAPER, "namespace": CLOUDWATCH_K8S_NAMESPACE},
+            "spec": {
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": SCRAPER}},
+                "policyTypes": ["Ingress", "Egress"],
+                "egress": [
+                    {
+                        "to": [
+                            {
+                                "namespaceSelector": {
+                                    "matchLabels": {"kubernetes.io/metadata.name": team_namespace}
+                                },
+                                "podSelector": {"matchLabels": {"app.kubernetes.io/component": "trainer"}},
+                            }
+                        ],
+                        "ports": [{"protocol": "TCP", "port": TRAINER_METRICS_PORT}],
+                    },
+                    DNS_EGRESS,
+                    {"ports": [{"protocol": "TCP", "port": 443}]},
+                    POD_IDENTITY_EGRESS,
+                ],
+            },
         }
 
 
@@ -280,21 +354,32 @@ class PrometheusCollection(Construct):
         topic_key.grant(self.alertmanager_role, "kms:Decrypt", "kms:GenerateDataKey")
         region = Stack.of(self).region
         values = {
+            "prometheusOperator": {
+                "networkPolicy": {"enabled": True},
+                "securityContext": pod_security_context(),
+                "containerSecurityContext": container_security_context(),
+            },
             "prometheus": {
+                "networkPolicy": {"enabled": True},
                 "prometheusSpec": {
                     "scrapeInterval": f"{config.scrape_interval_s}s",
                     # Select the trainer chart's PodMonitor and the rules below without Helm release labels.
                     "podMonitorSelectorNilUsesHelmValues": False,
                     "ruleSelectorNilUsesHelmValues": False,
                     "nodeSelector": _SYSTEM_NODES,
-                }
+                    "securityContext": pod_security_context(PROMETHEUS_UID),
+                },
             },
             "additionalPrometheusRulesMap": {
                 "nvrx-training": {"groups": [{"name": "nvrx-training", "rules": alert_rules(config.alarms)}]}
             },
             "alertmanager": {
+                "networkPolicy": {"enabled": True},
                 "serviceAccount": {"create": True, "name": ALERTMANAGER_SA},
-                "alertmanagerSpec": {"nodeSelector": _SYSTEM_NODES},
+                "alertmanagerSpec": {
+                    "nodeSelector": _SYSTEM_NODES,
+                    "securityContext": pod_security_context(PROMETHEUS_UID),
+                },
                 "config": {
                     "route": {"receiver": "sns", "group_by": ["alertname", "namespace"]},
                     "receivers": [
@@ -305,7 +390,20 @@ class PrometheusCollection(Construct):
                     ],
                 },
             },
-            "grafana": {"sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}}},
+            "grafana": {
+                "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
+                "networkPolicy": {"enabled": True},
+                "securityContext": pod_security_context(GRAFANA_UID),
+                "containerSecurityContext": {
+                    **container_security_context(),
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                # Read-only root: what Grafana writes besides its data volume goes to emptyDir.
+                "extraEmptyDirMounts": [
+                    {"name": "grafana-logs", "mountPath": "/var/log/grafana"},
+                    {"name": "grafana-tmp", "mountPath": "/tmp"},
+                ],
+            },
         }
         self.stack = self._chart(cluster, "KubePrometheusStack", KUBE_PROMETHEUS_STACK, values)
         self.dcgm = self._chart(
