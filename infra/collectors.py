@@ -147,6 +147,129 @@ def cloudwatch_agent_config(cluster_name: str, region: str) -> dict[str, Any]:
     }
 
 
+def _limits(cpu: str, memory: str) -> dict[str, dict[str, str]]:
+    return {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": memory}}
+
+
+def prometheus_stack_values(config: ObservabilityConfig, topic_arn: str, region: str) -> dict[str, Any]:
+    """kube-prometheus-stack values: the team's scrape interval, alert rules and SNS receiver, plus the
+    trainer pods' hardening for every component (checked once against a render of 87.6.0 with its pinned
+    subcharts: docs/infra.md, "Every workload the stacks apply")."""
+    alertmanager_egress = [
+        {"ports": [{"protocol": "TCP", "port": 443}]},  # SNS
+        DNS_EGRESS,
+        POD_IDENTITY_EGRESS,
+    ]
+    return {
+        "prometheusOperator": {
+            "networkPolicy": {"enabled": True},
+            # The admission webhook's certificate Jobs are pre-install hooks holding a token with cluster
+            # rights; the rules here come from this stack only, so the webhook (and its TLS) are off.
+            "admissionWebhooks": {"enabled": False},
+            "tls": {"enabled": False},
+            "resources": _limits("500m", "512Mi"),
+            "securityContext": pod_security_context(),
+            "containerSecurityContext": container_security_context(),
+        },
+        "prometheus": {
+            "networkPolicy": {
+                "enabled": True,
+                # Ingress: Grafana's queries and Prometheus itself. Egress stays open: the scrape targets
+                # include host-network ports of every node (kubelet, node-exporter, dcgm-exporter).
+                "ingress": [
+                    {
+                        "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "grafana"}}}],
+                        "ports": [{"protocol": "TCP", "port": 9090}],
+                    },
+                    {"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]},
+                ],
+                "egress": [{}],
+            },
+            "prometheusSpec": {
+                "scrapeInterval": f"{config.scrape_interval_s}s",
+                # Select the trainer chart's PodMonitor and the rules below without Helm release labels.
+                "podMonitorSelectorNilUsesHelmValues": False,
+                "ruleSelectorNilUsesHelmValues": False,
+                "nodeSelector": _SYSTEM_NODES,
+                "securityContext": pod_security_context(PROMETHEUS_UID),
+                "resources": _limits("2", "4Gi"),
+            },
+        },
+        "additionalPrometheusRulesMap": {
+            "nvrx-training": {"groups": [{"name": "nvrx-training", "rules": alert_rules(config.alarms)}]}
+        },
+        "alertmanager": {
+            "networkPolicy": {
+                "enabled": True,
+                # The chart renders egress rules but enforces only the listed types (default: Ingress).
+                "policyTypes": ["Ingress", "Egress"],
+                "egress": {"enabled": True, "rules": alertmanager_egress},
+            },
+            # No Kubernetes API token (its AWS credentials come from the Pod Identity token, injected apart).
+            "serviceAccount": {
+                "create": True,
+                "name": ALERTMANAGER_SA,
+                "automountServiceAccountToken": False,
+            },
+            "alertmanagerSpec": {
+                "nodeSelector": _SYSTEM_NODES,
+                "securityContext": pod_security_context(PROMETHEUS_UID),
+                "resources": _limits("200m", "256Mi"),
+            },
+            "config": {
+                "route": {"receiver": "sns", "group_by": ["alertname", "namespace"]},
+                "receivers": [
+                    {"name": "sns", "sns_configs": [{"topic_arn": topic_arn, "sigv4": {"region": region}}]}
+                ],
+            },
+        },
+        "grafana": {
+            "sidecar": {
+                "dashboards": {"enabled": True, "label": "grafana_dashboard"},
+                "securityContext": {
+                    **container_security_context(),
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "resources": _limits("200m", "256Mi"),
+            },
+            "testFramework": {"enabled": False},  # `helm test` pods: never run by the stack
+            "networkPolicy": {
+                "enabled": True,
+                # Egress: DNS (the chart adds UDP 53), the API server for the sidecars, Prometheus.
+                "egress": {
+                    "enabled": True,
+                    "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 9090}],
+                },
+            },
+            "resources": _limits("500m", "512Mi"),
+            "securityContext": pod_security_context(GRAFANA_UID),
+            "containerSecurityContext": {
+                **container_security_context(),
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            # Read-only root: what Grafana writes besides its data volume goes to emptyDir.
+            "extraEmptyDirMounts": [
+                {"name": "grafana-logs", "mountPath": "/var/log/grafana"},
+                {"name": "grafana-tmp", "mountPath": "/tmp"},
+            ],
+        },
+        "kube-state-metrics": {
+            "networkPolicy": {
+                "enabled": True,
+                "egress": [{"ports": [{"protocol": "TCP", "port": 443}]}],  # the API server only
+            },
+            "resources": _limits("200m", "256Mi"),
+        },
+        "prometheus-node-exporter": {
+            # Host network and host /proc, /sys by function (NetworkPolicy does not apply to host-network
+            # pods); otherwise the same settings as every other container.
+            "securityContext": pod_security_context(),
+            "containerSecurityContext": container_security_context(),
+            "resources": _limits("200m", "128Mi"),
+        },
+    }
+
+
 class CloudWatchCollection(Construct):
     """Container Insights add-on and the trainer-scraping CloudWatch agent. Attributes: `addon`, `role`,
     `scraper` (its manifests)."""
@@ -352,59 +475,7 @@ class PrometheusCollection(Construct):
             iam.PolicyStatement(actions=["sns:Publish"], resources=[topic.topic_arn])
         )
         topic_key.grant(self.alertmanager_role, "kms:Decrypt", "kms:GenerateDataKey")
-        region = Stack.of(self).region
-        values = {
-            "prometheusOperator": {
-                "networkPolicy": {"enabled": True},
-                "securityContext": pod_security_context(),
-                "containerSecurityContext": container_security_context(),
-            },
-            "prometheus": {
-                "networkPolicy": {"enabled": True},
-                "prometheusSpec": {
-                    "scrapeInterval": f"{config.scrape_interval_s}s",
-                    # Select the trainer chart's PodMonitor and the rules below without Helm release labels.
-                    "podMonitorSelectorNilUsesHelmValues": False,
-                    "ruleSelectorNilUsesHelmValues": False,
-                    "nodeSelector": _SYSTEM_NODES,
-                    "securityContext": pod_security_context(PROMETHEUS_UID),
-                },
-            },
-            "additionalPrometheusRulesMap": {
-                "nvrx-training": {"groups": [{"name": "nvrx-training", "rules": alert_rules(config.alarms)}]}
-            },
-            "alertmanager": {
-                "networkPolicy": {"enabled": True},
-                "serviceAccount": {"create": True, "name": ALERTMANAGER_SA},
-                "alertmanagerSpec": {
-                    "nodeSelector": _SYSTEM_NODES,
-                    "securityContext": pod_security_context(PROMETHEUS_UID),
-                },
-                "config": {
-                    "route": {"receiver": "sns", "group_by": ["alertname", "namespace"]},
-                    "receivers": [
-                        {
-                            "name": "sns",
-                            "sns_configs": [{"topic_arn": topic.topic_arn, "sigv4": {"region": region}}],
-                        }
-                    ],
-                },
-            },
-            "grafana": {
-                "sidecar": {"dashboards": {"enabled": True, "label": "grafana_dashboard"}},
-                "networkPolicy": {"enabled": True},
-                "securityContext": pod_security_context(GRAFANA_UID),
-                "containerSecurityContext": {
-                    **container_security_context(),
-                    "seccompProfile": {"type": "RuntimeDefault"},
-                },
-                # Read-only root: what Grafana writes besides its data volume goes to emptyDir.
-                "extraEmptyDirMounts": [
-                    {"name": "grafana-logs", "mountPath": "/var/log/grafana"},
-                    {"name": "grafana-tmp", "mountPath": "/tmp"},
-                ],
-            },
-        }
+        values = prometheus_stack_values(config, topic.topic_arn, Stack.of(self).region)
         self.stack = self._chart(cluster, "KubePrometheusStack", KUBE_PROMETHEUS_STACK, values)
         self.dcgm = self._chart(
             cluster,

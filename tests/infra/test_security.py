@@ -170,7 +170,7 @@ def _bound_service_accounts(objects: list[dict[str, Any]]) -> set[tuple[str, str
 
 
 def _pod(obj: dict[str, Any]) -> dict[str, Any]:
-    return obj["spec"] if obj["kind"] == "Pod" else obj["spec"]["template"]
+    return obj if obj["kind"] == "Pod" else obj["spec"]["template"]
 
 
 def _selected(policy: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -278,7 +278,7 @@ def test_scraper_reaches_only_the_trainer_metrics_port_dns_https_and_pod_identit
 def test_prometheus_charts_are_asked_for_the_same_hardening(templates: dict) -> None:
     values = helm_releases(templates["vision"])["kube-prometheus-stack"]["Values"]
     for component in ("prometheusOperator", "prometheus", "alertmanager", "grafana"):
-        assert values[component]["networkPolicy"] == {"enabled": True}, component
+        assert values[component]["networkPolicy"]["enabled"] is True, component
     pods = [
         values["prometheusOperator"]["securityContext"],
         values["prometheus"]["prometheusSpec"]["securityContext"],
@@ -292,5 +292,10 @@ def test_prometheus_charts_are_asked_for_the_same_hardening(templates: dict) -> 
         values["grafana"]["containerSecurityContext"],
     ):
         assert csc["readOnlyRootFilesystem"] is True and csc["capabilities"] == {"drop": ["ALL"]}
+    assert values["alertmanager"]["networkPolicy"]["policyTypes"] == ["Ingress", "Egress"]
+    assert values["prometheusOperator"]["admissionWebhooks"] == {"enabled": False}
+    assert values["grafana"]["testFramework"] == {"enabled": False}
+    for component in (values["prometheusOperator"], values["grafana"], values["kube-state-metrics"]):
+        assert set(component["resources"]["limits"]) == {"cpu", "memory"}
     mounts = {m["mountPath"] for m in values["grafana"]["extraEmptyDirMounts"]}
     assert mounts == {"/var/log/grafana", "/tmp"}
