@@ -270,6 +270,25 @@ def prometheus_stack_values(config: ObservabilityConfig, topic_arn: str, region:
     }
 
 
+def dcgm_network_policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": DCGM_EXPORTER.chart, "namespace": PROMETHEUS_K8S_NAMESPACE},
+        "spec": {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": DCGM_EXPORTER.chart}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}],
+                    "ports": [{"protocol": "TCP", "port": 9400}],
+                }
+            ],
+            "egress": [{"ports": [{"protocol": "TCP", "port": 443}]}],
+        },
+    }
+
+
 class CloudWatchCollection(Construct):
     """Container Insights add-on and the trainer-scraping CloudWatch agent. Attributes: `addon`, `role`,
     `scraper` (its manifests)."""
@@ -453,7 +472,8 @@ class CloudWatchCollection(Construct):
 
 class PrometheusCollection(Construct):
     """kube-prometheus-stack (alerts to the SNS topic, the team's Grafana dashboard) and the DCGM exporter.
-    Attributes: `stack`, `dcgm`, `dashboard` (the Grafana dashboard ConfigMap), `alertmanager_role`."""
+    Attributes: `stack`, `dcgm`, `dcgm_policy`, `dashboard` (the Grafana dashboard ConfigMap),
+    `alertmanager_role`."""
 
     def __init__(
         self,
@@ -485,9 +505,15 @@ class PrometheusCollection(Construct):
                 "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                 "nodeSelector": {NODE_ROLE_LABEL: GPU_NODE_ROLE},
                 "serviceMonitor": {"enabled": True},
+                # Root with SYS_ADMIN stays (DCGM's profiling metrics need it, the chart's default);
+                # the seccomp profile is added.
+                "podSecurityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             },
         )
         self.dcgm.node.add_dependency(self.stack)  # its ServiceMonitor needs the operator's CRDs
+        # The chart has no NetworkPolicy: only Prometheus may scrape it; it reaches only the API server.
+        self.dcgm_policy = cluster.add_manifest("DcgmExporterPolicy", dcgm_network_policy())
+        self.dcgm_policy.node.add_dependency(self.stack)  # the chart creates the namespace
         self.identity = eks.CfnPodIdentityAssociation(
             self,
             "AlertmanagerIdentity",

@@ -297,5 +297,15 @@ def test_prometheus_charts_are_asked_for_the_same_hardening(templates: dict) -> 
     assert values["grafana"]["testFramework"] == {"enabled": False}
     for component in (values["prometheusOperator"], values["grafana"], values["kube-state-metrics"]):
         assert set(component["resources"]["limits"]) == {"cpu", "memory"}
+    releases = helm_releases(templates["vision"])
+    dcgm = releases["dcgm-exporter"]["Values"]
+    assert dcgm["podSecurityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    (dcgm_policy,) = [
+        o
+        for o in manifests(templates["vision"])
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["namespace"] == "monitoring"
+    ]
+    assert dcgm_policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert dcgm_policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9400}]
     mounts = {m["mountPath"] for m in values["grafana"]["extraEmptyDirMounts"]}
     assert mounts == {"/var/log/grafana", "/tmp"}
