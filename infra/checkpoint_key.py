@@ -1,6 +1,6 @@
-"""The team's checkpoint key (docs/design.md, "Team checkpoint key"): a Kubernetes Secret `checkpoint-key`
-(data key `key`, 32 random bytes) in the team namespace, which the trainer chart mounts to sign and verify
-checkpoint manifests.
+"""The team's checkpoint key (docs/design.md, "Team checkpoint key" and Contract 5): a Kubernetes Secret
+`checkpoint-key` (data key `checkpoint.key`: 32 random bytes written as 64 hex characters) in the team
+namespace, which the trainer chart mounts to sign and verify checkpoint manifests.
 
 The value never passes through CloudFormation: the stack applies a one-shot hardened Job that generates the
 bytes in the pod and creates the Secret through the API only if it is absent (infra/incluster/
@@ -23,7 +23,7 @@ from infra.gpu_nodegroup import NODE_ROLE_LABEL
 from infra.workload_security import container_security_context, pod_security_context
 
 CHECKPOINT_KEY_SECRET = "checkpoint-key"
-CHECKPOINT_KEY_FIELD = "key"
+CHECKPOINT_KEY_FIELD = "checkpoint.key"  # docs/design.md Contract 5 (the chart mounts this file)
 INITIALIZER = "checkpoint-key-initializer"
 # A plain Python image: the script needs only the standard library.
 INITIALIZER_IMAGE = "public.ecr.aws/docker/library/python:3.13.1-slim"

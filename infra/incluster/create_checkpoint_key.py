@@ -1,7 +1,9 @@
 """Creates the team's checkpoint key Secret if it does not exist (runs once per deploy in a hardened Job).
 
-The key is 32 random bytes from the pod's kernel, sent straight to the Kubernetes API (TLS, the pod's
-service-account token, the cluster CA): it never appears in a template, a ConfigMap, an argument or a log.
+The key is 32 random bytes from the pod's kernel, written as 64 hex characters (the trainer strips
+surrounding whitespace from key files, which raw bytes could lose), sent straight to the Kubernetes API
+(TLS, the pod's service-account token, the cluster CA): it never appears in a template, a ConfigMap, an
+argument or a log.
 `create` is atomic, so an existing key (409 Conflict) is kept: jobs share it and checkpoints outlive them.
 Standard library only (the image is a plain Python image). Configuration is the pod's own environment:
 KUBERNETES_SERVICE_HOST/PORT (set by the kubelet), POD_NAMESPACE, SECRET_NAME, SECRET_KEY.
@@ -24,7 +26,7 @@ KEY_BYTES = 32
 
 
 def secret_manifest(namespace: str, name: str, key: str) -> dict[str, object]:
-    value = base64.b64encode(secrets.token_bytes(KEY_BYTES)).decode()
+    value = base64.b64encode(secrets.token_hex(KEY_BYTES).encode()).decode()
     return {
         "apiVersion": "v1",
         "kind": "Secret",

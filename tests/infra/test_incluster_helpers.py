@@ -244,7 +244,8 @@ def test_initializer_creates_the_key_once_over_tls_and_never_prints_it(
     assert [p for p, _ in api.requests] == ["/api/v1/namespaces/ml-research/secrets"] * 2
     secret = api.secrets[CHECKPOINT_KEY_SECRET]
     value = secret["data"][CHECKPOINT_KEY_FIELD]
-    assert len(base64.b64decode(value)) == 32 and secret["immutable"] is True
+    key_file = base64.b64decode(value)  # the file the chart mounts: 32 random bytes as hex
+    assert len(key_file) == 64 and bytes.fromhex(key_file.decode()) and secret["immutable"] is True
     for out in (first.stdout, first.stderr, second.stdout, second.stderr):
         assert value not in out and "sa-token" not in out
 
