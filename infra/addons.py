@@ -9,12 +9,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from infra.config import TeamConfig
 from infra.gpu_nodegroup import GPU_NODE_ROLE, GPU_TAINT_KEY, NODE_ROLE_LABEL
 
 TRAINER_SERVICE_ACCOUNT = "trainer"
+VPC_CNI_SERVICE_ACCOUNT = "aws-node"  # kube-system, the VPC CNI DaemonSet's service account
+
+
+def pod_identity_role(scope: Construct, construct_id: str, description: str) -> iam.Role:
+    """An IAM role that EKS Pod Identity hands to one service account (sts:AssumeRole + sts:TagSession)."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+        description=description,
+    )
 
 
 @dataclass(frozen=True)
@@ -67,14 +79,22 @@ def device_plugin_values() -> dict[str, dict[str, Any]]:
 class ClusterAddons(Construct):
     """Device plugins and the team namespace.
 
-    Attributes: `vpc_cni`, `namespace` (the Namespace manifest others depend on), `namespace_objects`
-    (quota and service account), `nvidia_device_plugin`, `efa_device_plugin`.
+    Attributes: `vpc_cni`, `vpc_cni_role`, `namespace` (the Namespace manifest others depend on),
+    `namespace_objects` (quota and service account), `nvidia_device_plugin`, `efa_device_plugin`.
     """
 
     def __init__(
         self, scope: Construct, construct_id: str, *, team: TeamConfig, cluster: eks.Cluster
     ) -> None:
         super().__init__(scope, construct_id)
+        # The CNI's own credentials through Pod Identity rather than the node role (IMDS hop limit 1 keeps
+        # pods off the node role; aws-node is host-network, but its IP management gets a role of its own).
+        self.vpc_cni_role = pod_identity_role(
+            self, "VpcCniRole", "VPC CNI (EKS Pod Identity): ENI and IP management"
+        )
+        self.vpc_cni_role.add_managed_policy(
+            iam.ManagedPolicy.from_aws_managed_policy_name("AmazonEKS_CNI_Policy")
+        )
         # EKS installs the VPC CNI unmanaged with every cluster; the managed add-on takes it over
         # (OVERWRITE) and is kept on stack deletion, so nodes keep their networking while the stack goes.
         self.vpc_cni = eks.CfnAddon(
@@ -85,6 +105,11 @@ class ClusterAddons(Construct):
             resolve_conflicts="OVERWRITE",
             preserve_on_delete=True,
             configuration_values=json.dumps(VPC_CNI_CONFIGURATION),
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=self.vpc_cni_role.role_arn, service_account=VPC_CNI_SERVICE_ACCOUNT
+                )
+            ],
         )
         values = device_plugin_values()
         self.nvidia_device_plugin = self._chart(cluster, "NvidiaDevicePlugin", NVIDIA_DEVICE_PLUGIN, values)

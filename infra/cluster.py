@@ -99,15 +99,23 @@ class Cluster(Construct):
         )
 
 
+def node_metadata_options() -> ec2.CfnLaunchTemplate.MetadataOptionsProperty:
+    """IMDSv2 only, hop limit 1, for every node that runs pods: a PUT from a pod's network namespace
+    crosses one more hop and gets no token, so pods cannot read the node role's credentials. Host-network
+    agents (VPC CNI, Pod Identity agent, kube-proxy) still reach IMDS; add-ons that call AWS take their own
+    credentials from EKS Pod Identity (docs/infra.md, "No node credentials in pods")."""
+    return ec2.CfnLaunchTemplate.MetadataOptionsProperty(
+        http_tokens="required", http_put_response_hop_limit=1, http_endpoint="enabled"
+    )
+
+
 def _imdsv2_template(scope: Construct, construct_id: str) -> eks.LaunchTemplateSpec:
-    """A launch template that only requires IMDSv2 (everything else stays the node group's default)."""
+    """A launch template with the node metadata options only (everything else stays the group's default)."""
     template = ec2.CfnLaunchTemplate(
         scope,
         construct_id,
         launch_template_data=ec2.CfnLaunchTemplate.LaunchTemplateDataProperty(
-            metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                http_tokens="required", http_put_response_hop_limit=2, http_endpoint="enabled"
-            ),
+            metadata_options=node_metadata_options(),
         ),
     )
     return eks.LaunchTemplateSpec(id=template.ref, version=template.attr_latest_version_number)

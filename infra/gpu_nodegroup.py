@@ -10,6 +10,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from infra.cluster import node_metadata_options
 from infra.config import GpuNodeGroupConfig, TeamConfig
 from infra.instance_types import efa_interfaces
 from infra.network import Network
@@ -65,7 +66,8 @@ class GpuNodeGroup(Construct):
         return ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
 
     def _launch_template(self, config: GpuNodeGroupConfig, cluster: eks.Cluster) -> ec2.CfnLaunchTemplate:
-        """Instance type, every EFA interface, capacity targeting, IMDSv2, encrypted root, NVMe RAID0."""
+        """Instance type, every EFA interface, capacity targeting, IMDSv2 with hop limit 1, encrypted root,
+        NVMe RAID0."""
         placement = None
         if self.placement_group is not None:
             placement = ec2.CfnLaunchTemplate.PlacementProperty(group_name=self.placement_group.ref)
@@ -101,9 +103,7 @@ class GpuNodeGroup(Construct):
                 placement=placement,
                 capacity_reservation_specification=capacity_spec,
                 instance_market_options=market,
-                metadata_options=ec2.CfnLaunchTemplate.MetadataOptionsProperty(
-                    http_tokens="required", http_put_response_hop_limit=2, http_endpoint="enabled"
-                ),
+                metadata_options=node_metadata_options(),
                 block_device_mappings=[
                     ec2.CfnLaunchTemplate.BlockDeviceMappingProperty(
                         device_name="/dev/xvda",

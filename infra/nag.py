@@ -48,6 +48,12 @@ _CLOUDWATCH_AGENT_REASON = (
 )
 
 
+_VPC_CNI_REASON = (
+    "The VPC CNI's Pod Identity role carries the AWS-maintained AmazonEKS_CNI_Policy that EKS documents for "
+    "the CNI; AWS updates it as the CNI gains features (ENI, prefix and IPv6 management)."
+)
+
+
 def _ack(scope: IConstruct, findings: list[str], reason: str) -> None:
     for finding in findings:
         Validations.of(scope).acknowledge(Acknowledgment(id=f"{_PREFIX}{finding}", reason=reason))
@@ -92,6 +98,7 @@ def acknowledge_findings(stack: TeamStack) -> None:
     _ack(cluster.role, [_managed("AmazonEKSClusterPolicy")], _CLUSTER_ROLE_REASON)
     for nodegroup in (stack.cluster.system_nodegroup, stack.gpu.nodegroup):
         _ack(nodegroup.role, [_managed(p) for p in _NODE_ROLE_POLICIES], _NODE_ROLE_REASON)
+    _ack(stack.addons.vpc_cni_role, [_managed("AmazonEKS_CNI_Policy")], _VPC_CNI_REASON)
     collection = stack.observability.collection
     if isinstance(collection, CloudWatchCollection):
         _ack(collection.role, [_managed("CloudWatchAgentServerPolicy")], _CLOUDWATCH_AGENT_REASON)

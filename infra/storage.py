@@ -1,5 +1,7 @@
 """Shared storage: FSx for Lustre PERSISTENT_2 (Lustre 2.15, LZ4, KMS), its security group, the FSx CSI
-driver add-on with a Pod Identity role, an optional S3 data repository association, and a static PV/PVC.
+driver add-on with a Pod Identity role, an optional S3 data repository association (import and export of
+new and changed files only; the team's bucket checked at deploy: infra/s3_bucket_check.py), and a static
+PV/PVC.
 
 Deleting a stack never deletes a team's checkpoints: the file system and its KMS key are retained (the
 stack delete then stops at the subnet and security group the file system still uses, by design), the PV
@@ -18,6 +20,7 @@ from constructs import Construct
 
 from infra.config import FsxConfig, TeamConfig
 from infra.network import Network
+from infra.s3_bucket_check import S3BucketCheck
 
 FSX_PVC_NAME = "fsx-shared"
 FSX_CSI_CONTROLLER_SA = "fsx-csi-controller-sa"
@@ -31,7 +34,7 @@ class SharedStorage(Construct):
     """The team's FSx for Lustre file system and its Kubernetes PV/PVC.
 
     Attributes: `file_system`, `security_group`, `key`, `csi_addon`, `pvc_manifest`, `repository_association`
-    (None without `fsx.s3_path`).
+    (None without `fsx.s3_path`), `bucket_check` (S3BucketCheck, with `fsx.s3_path` only).
     """
 
     def __init__(
@@ -101,7 +104,7 @@ class SharedStorage(Construct):
         """The optional S3 data repository association (None without `fsx.s3_path`)."""
         if config.s3_path is None:
             return None
-        return fsx.CfnDataRepositoryAssociation(
+        association = fsx.CfnDataRepositoryAssociation(
             self,
             "S3Association",
             file_system_id=self.file_system.ref,
@@ -113,11 +116,17 @@ class SharedStorage(Construct):
                 auto_export_policy=fsx.CfnDataRepositoryAssociation.AutoExportPolicyProperty(
                     events=["NEW", "CHANGED"]
                 ),
+                # Deletions are not imported either: a deleted (or forged-then-deleted) S3 object must never
+                # delete a live checkpoint on FSx. New and changed objects still appear.
                 auto_import_policy=fsx.CfnDataRepositoryAssociation.AutoImportPolicyProperty(
-                    events=["NEW", "CHANGED", "DELETED"]
+                    events=["NEW", "CHANGED"]
                 ),
             ),
         )
+        # The team's bucket is checked at deploy before the link exists (TLS only, private, encrypted).
+        self.bucket_check = S3BucketCheck(self, "S3BucketCheck", s3_path=config.s3_path)
+        association.node.add_dependency(self.bucket_check.resource)
+        return association
 
     def _csi_driver(self, cluster: eks.Cluster) -> eks.CfnAddon:
         """The FSx CSI driver add-on; its controller may describe this file system and nothing else."""

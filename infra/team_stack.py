@@ -9,6 +9,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from infra.addons import ClusterAddons
+from infra.checkpoint_key import CheckpointKey
 from infra.cluster import Cluster
 from infra.config import TeamConfig
 from infra.gpu_nodegroup import GpuNodeGroup
@@ -19,7 +20,8 @@ from infra.trainer_release import TrainerRelease
 
 
 class TeamStack(Stack):
-    """VPC, EKS cluster, GPU node group, add-ons, FSx, observability and the trainer release of one team."""
+    """VPC, EKS cluster, GPU node group, add-ons, the checkpoint key, FSx, observability and the trainer
+    release of one team."""
 
     def __init__(self, scope: Construct, *, team: TeamConfig, chart_dir: Path, image_dir: Path) -> None:
         super().__init__(
@@ -43,6 +45,8 @@ class TeamStack(Stack):
         eks_cluster = self.cluster.cluster
         self.gpu = GpuNodeGroup(self, "GpuNodes", team=team, network=self.network, cluster=eks_cluster)
         self.addons = ClusterAddons(self, "Addons", team=team, cluster=eks_cluster)
+        self.checkpoint_key = CheckpointKey(self, "CheckpointKey", cluster=eks_cluster, namespace=team.name)
+        self.checkpoint_key.manifest.node.add_dependency(self.addons.namespace)
         self.storage = SharedStorage(
             self,
             "Storage",
@@ -62,6 +66,7 @@ class TeamStack(Stack):
             )
             self.trainer.release.node.add_dependency(self.addons.namespace_objects)
             self.trainer.release.node.add_dependency(self.storage.pvc_manifest)
+            self.trainer.release.node.add_dependency(self.checkpoint_key.manifest)
             # With the Prometheus collector the release renders a PodMonitor: its CRD comes with the stack.
             self.trainer.release.node.add_dependency(self.observability)
         self._wait_for_system_nodes()

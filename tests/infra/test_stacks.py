@@ -330,7 +330,7 @@ def test_s3_association_only_when_configured(
             "FileSystemPath": "/export",
             "S3": {
                 "AutoExportPolicy": {"Events": ["NEW", "CHANGED"]},
-                "AutoImportPolicy": {"Events": ["NEW", "CHANGED", "DELETED"]},
+                "AutoImportPolicy": {"Events": ["NEW", "CHANGED"]},
             },
         },
     )

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from infra.config import TeamsConfigError, load_teams, parse_teams
 from infra.inputs import ALIAS_EXPANSION_BUDGET, MAX_TEAMS_FILE_BYTES, PARTITION_OF_REGION
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 
 BASE_TEXT = (REPO_ROOT / "teams.yaml").read_text(encoding="utf-8")
 BASE = yaml.safe_load(BASE_TEXT)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.helpers import REPO_ROOT
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.components import COMPONENTS, MetricsConfig, RunConfig
 from trainer.config import ConfigError, TrainConfig, config_from_args, make_parser
