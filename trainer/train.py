@@ -19,6 +19,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainer.children import kill_children
 from trainer.config import TrainConfig
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.failures import drop_frames, one_line, refused_resume
@@ -176,6 +177,7 @@ def _exit_for_tier2(trainer: Trainer) -> None:
     """
     trainer.heartbeat.stop()
     trainer.events.close()
+    kill_children()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -222,6 +224,7 @@ def main(cfg: TrainConfig) -> int:
     def on_terminate(signum: int) -> None:
         trainer.events.emit("fault_detected", tier=2, reason=f"signal {signum} from the launcher")
         trainer.events.emit("run_end", step=trainer.last_step, status="failed")
+        kill_children()  # the handler exits with os._exit: no exit handler shuts them down
 
     install_termination_handler(on_terminate)
     # Connect to the rank monitor before the first process group, model build and checkpoint load: the
