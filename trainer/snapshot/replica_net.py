@@ -97,6 +97,7 @@ class ReplicaServer:
         self._refused_from: set[str] = set()
         self._nonces: dict[bytes, float] = {}
         self._nonce_lock = threading.Lock()
+        self._puts: dict[int, socket.socket] = {}  # owner -> the connection of its PUT in flight
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._sock = socket.create_server((host, 0))
         self.address: Address = (host, self._sock.getsockname()[1])
@@ -151,8 +152,14 @@ class ReplicaServer:
                 conn.settimeout(IO_TIMEOUT_S)
                 try:
                     if op == PUT:
+                        self._supersede(owner, conn)
                         reader = _MacReader(conn, _mac(key, head))
-                        self.shelf.receive(owner, step, nbytes, reader, finish=reader.finish)
+                        try:
+                            self.shelf.receive(owner, step, nbytes, reader, finish=reader.finish)
+                        finally:
+                            with self._nonce_lock:
+                                if self._puts.get(owner) is conn:
+                                    del self._puts[owner]
                         _send_reply(conn, OK, 0, key, nonce)
                     else:
                         held = self.shelf.find(owner, step)
@@ -168,6 +175,16 @@ class ReplicaServer:
                         _send_error(conn, str(exc), key, nonce)
         finally:
             self._slots.release()
+
+    def _supersede(self, owner: int, conn: socket.socket) -> None:
+        """A newer authenticated PUT of `owner` cuts off an older one still in flight (stalled, or
+        outrun): the older fails at once and frees its temp file, the newer proceeds."""
+        with self._nonce_lock:
+            older = self._puts.get(owner)
+            self._puts[owner] = conn
+        if older is not None:
+            with contextlib.suppress(OSError):
+                older.shutdown(socket.SHUT_RDWR)
 
     def _authenticate(self, proto: bytes, head: bytes, mac: bytes, key: bytes | None, sent_ns: int,
                       nonce: bytes) -> None:  # fmt: skip

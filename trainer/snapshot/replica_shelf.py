@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 Reader = Callable[[memoryview], None]
 """Fills the whole buffer it is given (from a socket) or raises."""
+SUPERSEDE_WAIT_S = 10.0
+"""How long a transfer waits for an earlier one of the same owner to be cut off and cleaned up."""
 Finish = Callable[[], "str | None"]
 """Called once every byte is read: None, or why the transfer is not authentic (the sender's MAC)."""
 
@@ -65,6 +67,7 @@ class ReplicaShelf:
         """Largest replica accepted (bytes, header included): the pod's slot budget, set by the snapshot
         manager once it knows a snapshot's size. None: only the free space bounds it."""
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._incoming: set[int] = set()
         for stale in self.dir.glob(".incoming-rank*"):  # of a process that died receiving: tmpfs pages
             if not _alive(stale.name.split("-")[2]):
@@ -104,7 +107,9 @@ class ReplicaShelf:
         if problem is not None:
             raise ValueError(f"replica of rank {owner} step {step} refused: {problem}")
         with self._lock:
-            if owner in self._incoming:
+            # one transfer per owner: a newer one waits for an older one to end (the server cuts a
+            # superseded connection off: ReplicaServer)
+            if not self._idle.wait_for(lambda: owner not in self._incoming, timeout=SUPERSEDE_WAIT_S):
                 raise ValueError(f"replica of rank {owner} step {step} refused: another transfer is under way")
             self._incoming.add(owner)
             for old in self._replaced(owner):  # free the older replica's pages before taking new ones
@@ -124,6 +129,7 @@ class ReplicaShelf:
             tmp.unlink(missing_ok=True)
             with self._lock:
                 self._incoming.discard(owner)
+                self._idle.notify_all()
 
     def _replaced(self, owner: int) -> list[Path]:
         """The slot file a new replica of `owner` replaces (the one not holding its newest)."""
