@@ -37,7 +37,9 @@ def read_key_file(path: Path, field: str) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise UnrecoverableError(field, f"key file {path} is not a regular file")
         if st.st_size > MAX_KEY_BYTES + 64:
-            raise UnrecoverableError(field, f"key file {path} has {st.st_size} bytes, at most {MAX_KEY_BYTES}")
+            raise UnrecoverableError(
+                field, f"key file {path} has {st.st_size} bytes, at most {MAX_KEY_BYTES}"
+            )
         raw = os.read(fd, MAX_KEY_BYTES + 65)
     finally:
         os.close(fd)

@@ -89,7 +89,7 @@ class ReplicaServer:
                  may_get: Rule | None = None, key: bytes | None = None) -> None:  # fmt: skip
         self.shelf = shelf
         self.key = key
-        own = (lambda requester, owner: requester == owner)  # noqa: E731
+        own = lambda requester, owner: requester == owner  # noqa: E731
         self.may_put: Rule = may_put or own
         self.may_get: Rule = may_get or own
         self.refused = 0
@@ -164,7 +164,9 @@ class ReplicaServer:
                     else:
                         held = self.shelf.find(owner, step)
                         if held is None:
-                            _send_error(conn, f"no verified replica of rank {owner} step {step} here", key, nonce)
+                            _send_error(
+                                conn, f"no verified replica of rank {owner} step {step} here", key, nonce
+                            )
                             return
                         reply = _send_reply(conn, OK, held.nbytes, key, nonce)
                         _send_file(conn, held.path, held.nbytes, _mac(key, reply))
@@ -286,7 +288,9 @@ def _send_error(conn: socket.socket, message: str, key: bytes | None, nonce: byt
     conn.sendall(raw)
 
 
-def _check_reply(sock: socket.socket, key: bytes, nonce: bytes, *, with_header: bool = False) -> tuple[int, bytes]:
+def _check_reply(
+    sock: socket.socket, key: bytes, nonce: bytes, *, with_header: bool = False
+) -> tuple[int, bytes]:
     reply = _recv_exact(sock, _REPLY.size + MAC_BYTES)
     head = reply[: _REPLY.size]
     proto, status, nbytes, echoed = _REPLY.unpack(head)

@@ -94,7 +94,9 @@ class ReplicaShelf:
             return f"replica of {nbytes} bytes does not fit in {self.dir} ({st.f_bavail * st.f_frsize} free)"
         return None
 
-    def receive(self, owner: int, step: int, nbytes: int, read: Reader, *, finish: Finish | None = None) -> int:
+    def receive(
+        self, owner: int, step: int, nbytes: int, read: Reader, *, finish: Finish | None = None
+    ) -> int:
         """Store owner's snapshot of `step` (`nbytes`, header included, filled by `read`); the slot used.
 
         The bytes go to a temp file received outside the lock (a slow sender holds up nobody), whose
@@ -110,7 +112,9 @@ class ReplicaShelf:
             # one transfer per owner: a newer one waits for an older one to end (the server cuts a
             # superseded connection off: ReplicaServer)
             if not self._idle.wait_for(lambda: owner not in self._incoming, timeout=SUPERSEDE_WAIT_S):
-                raise ValueError(f"replica of rank {owner} step {step} refused: another transfer is under way")
+                raise ValueError(
+                    f"replica of rank {owner} step {step} refused: another transfer is under way"
+                )
             self._incoming.add(owner)
             for old in self._replaced(owner):  # free the older replica's pages before taking new ones
                 old.unlink(missing_ok=True)
@@ -136,7 +140,9 @@ class ReplicaShelf:
         newest = self._newest_of(owner)
         return [self.path(owner, 1 - newest[0] if newest is not None else 0)]
 
-    def _fill(self, tmp: Path, owner: int, step: int, nbytes: int, read: Reader, finish: Finish | None) -> str | None:
+    def _fill(
+        self, tmp: Path, owner: int, step: int, nbytes: int, read: Reader, finish: Finish | None
+    ) -> str | None:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             try:

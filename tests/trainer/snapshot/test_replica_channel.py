@@ -146,7 +146,9 @@ def test_a_stalled_put_blocks_nobody_and_a_failed_one_leaves_nothing(tmp_path: P
     store.close()
 
 
-def test_connections_past_the_cap_are_closed_and_slow_headers_time_out(tmp_path: Path, holder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_connections_past_the_cap_are_closed_and_slow_headers_time_out(
+    tmp_path: Path, holder, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     shelf, server = holder
     monkeypatch.setattr(replica_net, "HEADER_TIMEOUT_S", 1.0)
     store, path, nbytes = _owner_file(tmp_path, 0, 5)
