@@ -8,6 +8,11 @@ A checkpoint becomes visible in one atomic step, the rename of its temporary dir
 and only after every file in it (listed with size and CRC32 in MANIFEST.json) has been fsynced. A reader
 therefore never sees a half-written checkpoint; one damaged afterwards (bit rot, a truncated copy, the
 ckpt-corrupt fault) fails the manifest check and is skipped with the reason.
+
+A manifest also lists each file's SHA-256, names the run that owns it (`owner`, trainer/checkpoint/
+lease.py) and is signed with HMAC-SHA256 under the team's checkpoint key (trainer/security/): resume
+loads nothing of a checkpoint, not even DCP's pickled .metadata, before the signature and every file's
+digest verify (docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,9 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.security.mac import check, file_digests, sign
+
 MANIFEST = "MANIFEST.json"
 FINGERPRINT = "model_fingerprint"
 """Manifest key: a hash of the model's parameter names, global shapes and dtypes (state.fingerprint)."""
+OWNER = "owner"
+"""Manifest key: the job uid of the run that committed it (retention touches only its own)."""
+MANIFEST_DOMAIN = "checkpoint manifest v1"
 FORMAT_VERSION = 1
 _COMMITTED = re.compile(r"^step_(\d{8,})$")
 _CHUNK = 8 << 20
@@ -49,11 +59,12 @@ def crc32_file(path: Path) -> str:
 
 
 def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """{name: {"size", "crc32"}} for the given files of `directory`."""
-    return {
-        name: {"size": (directory / name).stat().st_size, "crc32": crc32_file(directory / name)}
-        for name in sorted(names)
-    }
+    """{name: {"size", "crc32", "sha256"}} for the given files of `directory` (one read of each)."""
+    described = {}
+    for name in sorted(names):
+        crc, sha = file_digests(directory / name)
+        described[name] = {"size": (directory / name).stat().st_size, "crc32": crc, "sha256": sha}
+    return described
 
 
 def fsync_dir(path: Path) -> None:
@@ -71,9 +82,17 @@ def fsync_files(directory: Path, names: list[str]) -> None:
             os.fsync(fh.fileno())
 
 
-def commit(tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
-    """Write the manifest into `tmp`, make it durable, and rename `tmp` to its committed name."""
-    manifest = {
+def commit(
+    tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[str, Any], *, key: bytes | None = None
+) -> Path:
+    """Write the manifest into `tmp` (signed with `key`; a file listed without its SHA-256 is read for
+    it), make it durable, and rename `tmp` to its committed name."""
+    if key is not None:
+        files = {
+            name: entry if "sha256" in entry else {**entry, "sha256": file_digests(tmp / name)[1]}
+            for name, entry in files.items()
+        }
+    manifest: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "step": step,
         "created": time.time(),
@@ -81,6 +100,8 @@ def commit(tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[s
         "total_bytes": sum(int(f["size"]) for f in files.values()),
         **extra,
     }
+    if key is not None:
+        manifest = sign(manifest, key, MANIFEST_DOMAIN)
     part = tmp / (MANIFEST + ".part")
     with open(part, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
@@ -152,16 +173,28 @@ def _precheck(path: Path, step: int) -> tuple[dict[str, Any] | None, str | None]
     return manifest, None
 
 
+def authentic(manifest: dict[str, Any], key: bytes) -> str | None:
+    """None if the manifest is signed under `key` and lists a SHA-256 for every file, else why not."""
+    problem = check(manifest, key, MANIFEST_DOMAIN)
+    if problem is not None:
+        return f"manifest {problem}"
+    unhashed = sorted(n for n, e in manifest["files"].items() if not isinstance(e, dict) or "sha256" not in e)
+    return f"manifest lists no SHA-256 for {', '.join(unhashed[:3])}" if unhashed else None
+
+
 def verify_checksums(path: Path, manifest: dict[str, Any], names: list[str]) -> str | None:
-    """None if the listed files match their manifest CRC32, else the first mismatch."""
+    """None if the listed files match their manifest CRC32 (and SHA-256, when listed), else the first
+    mismatch."""
     for name in names:
-        expected = manifest["files"][name]["crc32"]
+        entry = manifest["files"][name]
         try:
-            actual = crc32_file(path / name)
+            crc, sha = file_digests(path / name)
         except OSError as exc:
             return f"cannot read {name}: {exc}"
-        if actual != expected:
-            return f"checksum mismatch in {name}: crc32 {actual}, manifest says {expected}"
+        if crc != entry["crc32"]:
+            return f"checksum mismatch in {name}: crc32 {crc}, manifest says {entry['crc32']}"
+        if "sha256" in entry and sha != entry["sha256"]:
+            return f"checksum mismatch in {name}: sha256 differs from the manifest's"
     return None
 
 

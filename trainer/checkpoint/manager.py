@@ -31,6 +31,7 @@ restore() tries committed checkpoints newest first (resume.py); a failed load is
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
 from trainer.checkpoint.local_tier import LocalTier
+from trainer.security.keys import checkpoint_key
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
 from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
 from trainer.resilience.progress import write_iteration_file
@@ -125,6 +127,8 @@ class CheckpointManager:
             if cfg.local_dir is not None
             else None
         )
+        if self.local is not None:
+            self.local.key = self.key  # seals are signed and verified like manifests
         self._owns_pg = process_group is None
         self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
@@ -341,7 +345,9 @@ class CheckpointManager:
                 raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
             assert self._fingerprint is not None
             extra = {"world_size": self.world_size, "mode": self.cfg.mode}
-            final = layout.commit(p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint})
+            final = layout.commit(
+                p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint}, key=self.key
+            )
             deleted = layout.apply_retention(
                 self.cfg.dir,
                 self.cfg.keep_latest,
@@ -372,13 +378,23 @@ class CheckpointManager:
             group=self._group(),
             model_fingerprint=self._fingerprint,
             unloadable=self._unloadable,
+            key=self.key,
         )
 
     load_latest = restore  # the earlier name
 
-    def load_from(self, path: Path, state: dict[str, Any], planner: Any = None) -> str | None:
+    def load_from(
+        self, path: Path, state: dict[str, Any], planner: Any = None, *, metadata_sha256: str | None = None
+    ) -> str | None:
         """Load the checkpoint in `path` into `state` (a collective): None, or the error every rank got."""
-        return try_load(path, state, self.rank, self.world_size, self._group(), planner)
+        return try_load(
+            path, state, self.rank, self.world_size, self._group(), planner, metadata_sha256=metadata_sha256
+        )
+
+    @functools.cached_property
+    def key(self) -> bytes:
+        """The checkpoint key that signs and verifies manifests and seals (docs/design.md Contract 5)."""
+        return checkpoint_key(self.cfg.dir)
 
     @property
     def pending_step(self) -> int:
