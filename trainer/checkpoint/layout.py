@@ -35,6 +35,8 @@ FINGERPRINT = "model_fingerprint"
 """Manifest key: a hash of the model's parameter names, global shapes and dtypes (state.fingerprint)."""
 OWNER = "owner"
 """Manifest key: the job uid of the run that committed it (retention touches only its own)."""
+LINEAGE = "lineage"
+"""Manifest key: the lineage of the directory's lease when it was committed (lease.py)."""
 MANIFEST_DOMAIN = "checkpoint manifest v1"
 FORMAT_VERSION = 1
 _COMMITTED = re.compile(r"^step_(\d{8,})$")
@@ -111,12 +113,23 @@ def commit(
     fsync_dir(tmp)
     final = tmp.parent / committed_name(step)
     if final.exists():
+        theirs = _lineage_of(final)
+        if extra.get(LINEAGE) and theirs is not None and theirs != extra[LINEAGE]:
+            raise OSError(f"{final} belongs to another run (lineage {theirs}): not replaced")
         # A checkpoint of the same step from an earlier incarnation (resumed before it, then redone):
         # move it aside first; the new one has the same content by exact-resume determinism.
         _discard(final)
     tmp.rename(final)
     fsync_dir(tmp.parent)
     return final
+
+
+def _lineage_of(path: Path) -> str | None:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest.get(LINEAGE) if isinstance(manifest, dict) else None
 
 
 @dataclass(frozen=True)
@@ -212,10 +225,17 @@ def discard(path: Path) -> None:
 
 
 def apply_retention(
-    root: Path, keep: int, *, just_committed: Path, fingerprint: str, unloadable: Iterable[str] = ()
+    root: Path,
+    keep: int,
+    *,
+    just_committed: Path,
+    fingerprint: str,
+    unloadable: Iterable[str] = (),
+    lineage: str | None = None,
 ) -> list[Path]:
     """Delete what policy.to_delete names (never the checkpoint just committed, never one not provably
-    this model's, never one that does not load); returns what was deleted."""
+    this model's, never one that does not load, and with `lineage` never one another run committed:
+    lease.py); returns what was deleted."""
     from trainer.checkpoint.policy import Kept, to_delete
 
     candidates, _ = scan(root)
@@ -224,7 +244,9 @@ def apply_retention(
         Kept(
             c.step,
             c.path,
-            ours=c.manifest is not None and c.manifest.get(FINGERPRINT) == fingerprint,
+            ours=c.manifest is not None
+            and c.manifest.get(FINGERPRINT) == fingerprint
+            and (lineage is None or c.manifest.get(LINEAGE) == lineage),
             loadable=c.problem is None and str(c.path) not in bad,
         )
         for c in candidates

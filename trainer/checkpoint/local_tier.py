@@ -73,6 +73,10 @@ class LocalTier:
         self._replicated: dict[int, dict[str, Any]] = {}
         self.key: bytes | None = None
         """The checkpoint key (set by the manager): seals are signed with it and verified under it."""
+        self.lineage: str | None = None
+        """The checkpoint directory's lineage (trainer/checkpoint/lease.py, set by the manager): steps
+        sealed under another are another run's, or of a directory since deleted: never offered, pruned."""
+        self.job = ""
 
     # ------------------------------------------------------------------------------------------ names
     def step_dir(self, step: int) -> Path:
@@ -120,6 +124,8 @@ class LocalTier:
             "metadata": _describe(metadata),
             "replicated": _describe(replicated),
             "sealed": time.time(),
+            layout.OWNER: self.job,
+            layout.LINEAGE: self.lineage,
         }
         if self.key is not None:
             seal = sign(seal, self.key, SEAL_DOMAIN)
@@ -185,6 +191,11 @@ class LocalTier:
             return f"seal {bad}"
         if seal.get("step") != step or seal.get("rank") != self.rank:
             return f"seal of step {seal.get('step')} rank {seal.get('rank')} in the wrong place"
+        if self.lineage is not None and seal.get(layout.LINEAGE) != self.lineage:
+            return (
+                f"another run's (job {seal.get(layout.OWNER)!r}), or its checkpoint directory was "
+                "deleted since: not this directory's lineage"
+            )
         if seal.get("world_size") != self.world_size:
             return f"world size {seal.get('world_size')}, this run has {self.world_size}"
         if seal.get(layout.FINGERPRINT) != model_fingerprint:
@@ -232,6 +243,18 @@ class LocalTier:
         for step in sorted(doomed):
             self._remove_own(step)
         return sorted(doomed)
+
+    def prune_foreign(self) -> list[int]:
+        """Delete this rank's parts of steps sealed under another lineage (another run's, or of a
+        checkpoint directory deleted since): they are never restored. Returns those steps."""
+        if self.lineage is None:
+            return []
+        doomed = [
+            s for s in self.sealed_steps() if (self._read_seal(s) or {}).get(layout.LINEAGE) != self.lineage
+        ]
+        for step in doomed:
+            self._remove_own(step)
+        return doomed
 
     def load_replicated(self, step: int) -> dict[str, Any]:
         """The unsharded values sealed with `step` (verified by offers())."""

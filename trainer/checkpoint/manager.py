@@ -51,11 +51,13 @@ from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
+from trainer.checkpoint.lease import Lease, job_uid
 from trainer.checkpoint.local_tier import LocalTier
-from trainer.security.keys import checkpoint_key
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
 from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
+from trainer.errors import UnrecoverableError
 from trainer.resilience.progress import write_iteration_file
+from trainer.security.keys import checkpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,30 @@ class CheckpointManager:
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc")
         if rank == 0:
             cfg.dir.mkdir(parents=True, exist_ok=True)
+        self.lease = Lease(cfg.dir, job_uid())
+        self.lineage = self._claim()  # before any step: a directory another live job holds stops the run
+        if self.local is not None:
+            self.local.lineage, self.local.job = self.lineage, self.lease.job
+            self.local.prune_foreign()
+
+    def _claim(self) -> str:
+        """Rank 0 claims the directory (lease.py); every rank learns the lineage, or raises the one line
+        that names the job holding it."""
+        verdict: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                self.lease.claim()
+                self.lease.start_heartbeat()
+                verdict[0] = ("ok", self.lease.job, self.lease.lineage)
+            except UnrecoverableError as exc:
+                verdict[0] = ("refused", exc.why, "")
+        dist.broadcast_object_list(verdict, src=self._global_rank0(), group=self._group())
+        kind, what, lineage = verdict[0]
+        if kind != "ok":
+            self.close()
+            raise UnrecoverableError("ckpt_dir", what)
+        self.lease.job = what
+        return str(lineage)
 
     # ----------------------------------------------------------------------------------------- policy
     def should_save(self, step: int, last_step: int = -1) -> bool:
@@ -345,6 +371,7 @@ class CheckpointManager:
                 raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
             assert self._fingerprint is not None
             extra = {"world_size": self.world_size, "mode": self.cfg.mode}
+            extra.update({layout.OWNER: self.lease.job, layout.LINEAGE: self.lineage})
             final = layout.commit(
                 p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint}, key=self.key
             )
@@ -354,6 +381,7 @@ class CheckpointManager:
                 just_committed=final,
                 fingerprint=self._fingerprint,
                 unloadable=self._unloadable,
+                lineage=self.lineage,
             )
             log.debug("retention deleted %s", [str(d) for d in deleted])
             write_iteration_file(self.cfg.dir, p.step)  # ft_launcher's progress tracker reads it
@@ -414,6 +442,7 @@ class CheckpointManager:
         """
         t0 = time.perf_counter()
         self.abort()
+        self.lease.stop()  # the heartbeat; the lease itself stays until it is released or goes stale
         self._backend.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
         groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])

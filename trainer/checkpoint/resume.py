@@ -156,7 +156,7 @@ class VerifiedReader(FileSystemReader):
         raw = (Path(self.path) / ".metadata").read_bytes()
         if hashlib.sha256(raw).hexdigest() != self.metadata_sha256:
             raise ValueError(".metadata changed after it was verified (sha256 differs): not loaded")
-        metadata = pickle.loads(raw)  # noqa: S301 -- authenticated: its digest is in the signed manifest
+        metadata = pickle.loads(raw)
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
