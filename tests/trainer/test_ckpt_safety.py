@@ -238,6 +238,10 @@ def _truncate_behind_the_manifests_back(ckpt: Path) -> None:
         fh.truncate(shard.stat().st_size // 2)
     manifest = json.loads((ckpt / layout.MANIFEST).read_text())
     manifest["files"].update(layout.describe_files(ckpt, [shard.name]))
+    from trainer.security.keys import checkpoint_key
+    from trainer.security.mac import sign
+
+    manifest = sign(manifest, checkpoint_key(ckpt.parent), layout.MANIFEST_DOMAIN)  # the writer has the key
     (ckpt / layout.MANIFEST).write_text(json.dumps(manifest))
 
 
