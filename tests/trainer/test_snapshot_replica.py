@@ -95,9 +95,11 @@ def test_put_and_get_move_a_verified_replica_and_refuse_a_damaged_one(tmp_path: 
         # a payload that does not match its header's checksum (flipped in transit) is refused too
         bad = bytearray(_file(owner, 4)[0].read_bytes())
         bad[HEADER_BYTES + 10] ^= 0xFF
-        with _put_raw(server.address, 4, bytes(bad), len(bad)) as sock:
-            with pytest.raises(replica_net.ReplicaError, match="checksum"):
-                replica_net._check_reply(sock, KEY, b"")
+        with (
+            _put_raw(server.address, 4, bytes(bad), len(bad)) as sock,
+            pytest.raises(replica_net.ReplicaError, match="checksum"),
+        ):
+            replica_net._check_reply(sock, KEY, b"")
         assert [(h.owner, h.step) for h in holder.held()] == [(1, 3)]
         path4, n4 = _file(owner, 4)
         replica_net.put(server.address, 1, 4, path4, n4, key=KEY)

@@ -145,9 +145,9 @@ class ReplicaServer:
                     self._authorize(op, requester, owner, step, nbytes)
                 except (_Refused, OSError, ReplicaError) as exc:
                     self._refuse(peer, str(exc) or type(exc).__name__)
+                    said = str(exc) if isinstance(exc, _Refused) else "bad request"
                     with contextlib.suppress(OSError):
-                        _send_error(conn, "refused: " + (str(exc) if isinstance(exc, _Refused) else "bad request"),
-                                    key, nonce)  # fmt: skip
+                        _send_error(conn, f"refused: {said}", key, nonce)
                     return
                 conn.settimeout(IO_TIMEOUT_S)
                 try:

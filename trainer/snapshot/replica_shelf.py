@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.snapshot.store import HEADER_BYTES, MAGIC, SnapshotStore, parse_header
+from trainer.snapshot.store import HEADER_BYTES, SnapshotStore, parse_header
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,9 @@ def _forge(genuine: Path, step: int, marker: Path, *, key: bytes | None) -> Path
     return forged
 
 
-def test_forged_checkpoints_are_skipped_and_never_unpickled(one_rank: Any, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_forged_checkpoints_are_skipped_and_never_unpickled(
+    one_rank: Any, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv(keys.CKPT_KEY_ENV, raising=False)
     root = tmp_path / "ckpt"
     cfg = CheckpointConfig(dir=root, mode="sync", interval_steps=1, keep_latest=5)

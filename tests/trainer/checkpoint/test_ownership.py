@@ -54,7 +54,9 @@ def test_a_live_lease_refuses_another_job_and_a_stale_one_is_taken_over(tmp_path
     first.claim()
     lineage = first.lineage
     Lease(tmp_path, "job-a").claim()  # a restart of the same job: its own lease
-    with pytest.raises(UnrecoverableError, match=r"^ckpt_dir: .* is in use by job 'job-a' \(host .*heartbeat 0 s ago\)"):
+    with pytest.raises(
+        UnrecoverableError, match=r"^ckpt_dir: .* is in use by job 'job-a' \(host .*heartbeat 0 s ago\)"
+    ):
         Lease(tmp_path, "job-b").claim()
     held = json.loads((tmp_path / lease_mod.LEASE).read_text())
     held.update(heartbeat=time.time() - 3600, host="another-host")
@@ -65,7 +67,9 @@ def test_a_live_lease_refuses_another_job_and_a_stale_one_is_taken_over(tmp_path
     assert "taking over the lease of job 'job-a' (heartbeat 3600 s ago)" in caplog.text
     assert json.loads((tmp_path / lease_mod.LEASE).read_text())["job"] == "job-b"
     # a lease whose process on this host is gone is stale at once
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     held = json.loads((tmp_path / lease_mod.LEASE).read_text())
     held.update(pid=int(dead.stdout))
     (tmp_path / lease_mod.LEASE).write_text(json.dumps(held))
@@ -121,13 +125,20 @@ def test_a_run_whose_checkpoint_directory_was_deleted_never_restores_old_nvme_st
     loop.close()
     # the same run restarts: it restores step 4 from the node (same lineage)
     loop = CheckpointLoop(CheckpointManager(cfg, rank=0, world_size=1), cfg, Events(), rank=0, last_step=10)
-    assert restore(None, loop, _state(one_rank, seed=3), rank=0, device=torch.device("cpu"), events=Events()).source == "local"
+    assert (
+        restore(
+            None, loop, _state(one_rank, seed=3), rank=0, device=torch.device("cpu"), events=Events()
+        ).source
+        == "local"
+    )
     loop.close()
 
     shutil.rmtree(cfg.dir)  # the team deleted the run's checkpoint directory; the node's NVMe kept its steps
     events = Events()
     loop = CheckpointLoop(CheckpointManager(cfg, rank=0, world_size=1), cfg, events, rank=0, last_step=10)
-    restored = restore(None, loop, _state(one_rank, seed=3), rank=0, device=torch.device("cpu"), events=events)
+    restored = restore(
+        None, loop, _state(one_rank, seed=3), rank=0, device=torch.device("cpu"), events=events
+    )
     assert (restored.step, restored.source) == (-1, "none"), restored
     assert not (cfg.local_dir / layout.committed_name(4)).exists(), "the old run's NVMe step was not pruned"
     loop.close()

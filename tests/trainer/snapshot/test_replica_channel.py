@@ -52,14 +52,19 @@ def test_strangers_and_other_ranks_are_refused_and_the_owner_is_served(tmp_path:
     shelf, server = holder
     store, path, nbytes = _owner_file(tmp_path, 0, 5)
     pulled = ReplicaShelf(tmp_path / "pulled", world_size=4, fingerprint="run")
-    refusals = [
-        # (what, call, error it gets)
-        ("PUT under another key", lambda: replica_net.put(server.address, 0, 5, path, nbytes, key=b"x" * 32), "MAC"),
-        ("GET under another key", lambda: replica_net.get(server.address, 0, 5, pulled, key=b"x" * 32), "MAC"),
-        ("PUT by a rank for another", lambda: replica_net.put(server.address, 0, 5, path, nbytes, key=KEY, requester=1), "may not store"),
-        ("PUT by a rank it does not keep", lambda: replica_net.put(server.address, 1, 5, path, nbytes, key=KEY), "may not store"),
-        ("PUT of a negative owner", lambda: replica_net.put(server.address, -3, 5, path, nbytes, key=KEY, requester=-3), "outside"),
-        ("PUT of an owner past the job", lambda: replica_net.put(server.address, 9, 5, path, nbytes, key=KEY, requester=9), "outside"),
+    put, get = replica_net.put, replica_net.get
+    other = b"x" * 32
+    refusals = [  # (what, call, error it gets)
+        ("PUT under another key", lambda: put(server.address, 0, 5, path, nbytes, key=other), "MAC"),
+        ("GET under another key", lambda: get(server.address, 0, 5, pulled, key=other), "MAC"),
+        ("PUT by a rank for another", lambda: put(server.address, 0, 5, path, nbytes, key=KEY, requester=1),
+         "may not store"),
+        ("PUT by a rank it does not keep", lambda: put(server.address, 1, 5, path, nbytes, key=KEY),
+         "may not store"),
+        ("PUT of a negative owner", lambda: put(server.address, -3, 5, path, nbytes, key=KEY, requester=-3),
+         "outside"),
+        ("PUT of an owner past the job", lambda: put(server.address, 9, 5, path, nbytes, key=KEY, requester=9),  # noqa: E501
+         "outside"),
     ]  # fmt: skip
     for what, call, error in refusals:
         with pytest.raises(replica_net.ReplicaError, match=error):
@@ -99,7 +104,7 @@ def test_oversized_puts_are_refused_before_any_allocation(tmp_path: Path, holder
     msg, nonce = replica_net._request(replica_net.PUT, 0, 0, 5, nbytes, KEY)
     with socket.create_connection(server.address) as sock:
         sock.sendall(msg + b"\0" * 4096)
-        with pytest.raises(replica_net.ReplicaError, match="budget|shorter than its header"):
+        with pytest.raises(replica_net.ReplicaError, match=r"budget|shorter than its header"):
             replica_net._check_reply(sock, KEY, nonce)
     assert list(shelf.dir.iterdir()) == []  # no slot, no temp file, no sparse file
     assert shelf.held() == [] and shelf.find(0, 5) is None
@@ -149,7 +154,7 @@ def test_a_stalled_put_blocks_nobody_and_a_failed_one_leaves_nothing(tmp_path: P
 def test_connections_past_the_cap_are_closed_and_slow_headers_time_out(
     tmp_path: Path, holder, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    shelf, server = holder
+    _, server = holder
     monkeypatch.setattr(replica_net, "HEADER_TIMEOUT_S", 1.0)
     store, path, nbytes = _owner_file(tmp_path, 0, 5)
     idle = [socket.create_connection(server.address) for _ in range(replica_net.MAX_CONNECTIONS + 4)]
