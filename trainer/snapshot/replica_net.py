@@ -56,6 +56,8 @@ remembered that long, so a recorded request cannot be replayed."""
 MAX_CONNECTIONS = 8
 """Connections served at once; more are closed at accept (a holder needs one PUT and a few GETs)."""
 MAX_ERROR_BYTES = 4096
+LINGER_S, LINGER_BYTES = 0.5, 16 << 20
+"""How long, and how much, a refused sender's bytes are read and dropped before the connection closes."""
 _CHUNK = 8 << 20
 
 Address = tuple[str, int]
@@ -148,6 +150,7 @@ class ReplicaServer:
                     said = str(exc) if isinstance(exc, _Refused) else "bad request"
                     with contextlib.suppress(OSError):
                         _send_error(conn, f"refused: {said}", key, nonce)
+                        _linger(conn)
                     return
                 conn.settimeout(IO_TIMEOUT_S)
                 try:
@@ -255,7 +258,14 @@ def put(address: Address, owner: int, step: int, path: Path, nbytes: int, *, key
     with socket.create_connection(address, timeout=CONNECT_TIMEOUT_S) as sock:
         sock.settimeout(IO_TIMEOUT_S)
         sock.sendall(msg)
-        _send_file(sock, path, nbytes, _mac(key, msg[: _REQUEST.size]))
+        try:
+            _send_file(sock, path, nbytes, _mac(key, msg[: _REQUEST.size]))
+        except OSError as exc:  # refused mid-send: the reply says why, if it arrived
+            try:
+                _check_reply(sock, key, nonce)
+            except OSError:
+                raise exc from None
+            raise
         _check_reply(sock, key, nonce)
 
 
@@ -273,6 +283,20 @@ def get(address: Address, owner: int, step: int, into: ReplicaShelf, *, key: byt
             raise ReplicaError(f"replica refused before transfer: {problem}")
         reader = _MacReader(sock, _mac(key, reply))
         return into.receive(owner, step, nbytes, reader, finish=reader.finish)
+
+
+def _linger(conn: socket.socket) -> None:
+    """After refusing a request whose sender is still sending: stop writing and read a little of what
+    comes (at most LINGER_BYTES, LINGER_S), so that the refusal reaches it rather than a reset."""
+    conn.shutdown(socket.SHUT_WR)
+    deadline, left = time.monotonic() + LINGER_S, LINGER_BYTES
+    buf = bytearray(1 << 16)
+    while left > 0 and (wait := deadline - time.monotonic()) > 0:
+        conn.settimeout(wait)
+        n = conn.recv_into(buf)
+        if n == 0:
+            return
+        left -= n
 
 
 def _send_reply(conn: socket.socket, status: int, nbytes: int, key: bytes | None, nonce: bytes) -> bytes:
