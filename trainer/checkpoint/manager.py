@@ -370,7 +370,7 @@ class CheckpointManager:
             if stray:
                 raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
             assert self._fingerprint is not None
-            extra = {"world_size": self.world_size, "mode": self.cfg.mode}
+            extra: dict[str, Any] = {"world_size": self.world_size, "mode": self.cfg.mode}
             extra.update({layout.OWNER: self.lease.job, layout.LINEAGE: self.lineage})
             final = layout.commit(
                 p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint}, key=self.key
