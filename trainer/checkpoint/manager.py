@@ -129,8 +129,9 @@ class CheckpointManager:
             if cfg.local_dir is not None
             else None
         )
+        key = self.key  # read at start: a missing or bad key file stops the run in one line, not every commit
         if self.local is not None:
-            self.local.key = self.key  # seals are signed and verified like manifests
+            self.local.key = key  # seals are signed and verified like manifests
         self._owns_pg = process_group is None
         self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
