@@ -11,6 +11,7 @@ whole. The same class holds a pulled replica on the restoring side (`<dir>/pulle
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -148,7 +149,9 @@ class ReplicaShelf:
             try:
                 os.posix_fallocate(fd, 0, nbytes)
             except OSError as exc:
-                return f"no room for {nbytes} bytes: {exc.strerror}"
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    return f"no room for {nbytes} bytes: {exc.strerror}"
+                os.ftruncate(fd, nbytes)  # a file system without fallocate: admissible() checked the room
             mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
