@@ -158,7 +158,8 @@ def test_connections_past_the_cap_are_closed_and_slow_headers_time_out(
     monkeypatch.setattr(replica_net, "HEADER_TIMEOUT_S", 1.0)
     store, path, nbytes = _owner_file(tmp_path, 0, 5)
     idle = [socket.create_connection(server.address) for _ in range(replica_net.MAX_CONNECTIONS + 4)]
-    time.sleep(1.5)  # each idle connection's header deadline passes: their slots free again
+    # each idle connection's header deadline (1 s) and its refusal's linger pass: their slots free again
+    time.sleep(1.0 + replica_net.LINGER_S + 1.0)
     done = threading.Event()
 
     def put() -> None:
