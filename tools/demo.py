@@ -135,6 +135,10 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
         "HOME": str(out / f"scratch-node{index}"),
         # The pod's memory-backed /dev/shm: one per pod, and empty in a replacement pod (see run_pods).
         "SNAPSHOT_DIR": str(out / f"shm-pod{index}" / "trainer-snapshots"),
+        # The key Secrets are not mounted here: empty, the trainer uses its local fallbacks (docs/design.md
+        # Contract 5: a replica key from the restore agreement, a checkpoint key beside the checkpoints).
+        "TRAINER_REPLICA_KEY_FILE": "",
+        "TRAINER_CKPT_KEY_FILE": "",
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job

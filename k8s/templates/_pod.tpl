@@ -319,6 +319,7 @@ spec:
       {{- end }}
       env:
         {{- include "trainer.env" . | nindent 8 }}
+        {{- include "trainer.keyEnv" . | nindent 8 }}
       ports:
         - name: rdzv
           containerPort: {{ int $v.rdzvPort }}
@@ -337,6 +338,7 @@ spec:
           mountPath: {{ include "trainer.localNvmeMount" . | quote }}
         - name: dshm
           mountPath: /dev/shm
+        {{- include "trainer.keyMounts" . | nindent 8 }}
         {{- include "trainer.scratchMount" . | nindent 8 }}
   volumes:
     - name: fsx
@@ -350,6 +352,7 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ $v.shmSize | quote }}
+    {{- include "trainer.keyVolumes" . | nindent 4 }}
     {{- include "trainer.scratchVolume" . | nindent 4 }}
 {{- end }}
 
@@ -391,4 +394,35 @@ activeDeadlineSeconds: {{ int . }}
 {{- if not (kindIs "invalid" $v.ttlSecondsAfterFinished) }}
 ttlSecondsAfterFinished: {{ int $v.ttlSecondsAfterFinished }}
 {{- end }}
+{{- end }}
+
+{{/* The two key files of docs/design.md Contract 5, read-only, never optional (a pod without its keys
+     does not start). The env names only their paths. */}}
+{{- define "trainer.keyEnv" -}}
+- name: TRAINER_REPLICA_KEY_FILE
+  value: /var/run/trainer/replica-key/replica.key
+- name: TRAINER_CKPT_KEY_FILE
+  value: /var/run/trainer/ckpt-key/checkpoint.key
+{{- end }}
+
+{{- define "trainer.keyMounts" -}}
+- name: replica-key
+  mountPath: /var/run/trainer/replica-key
+  readOnly: true
+- name: ckpt-key
+  mountPath: /var/run/trainer/ckpt-key
+  readOnly: true
+{{- end }}
+
+{{- define "trainer.keyVolumes" -}}
+- name: replica-key
+  secret:
+    secretName: {{ printf "%s-replica-key" (include "trainer.fullname" .) | trunc 63 | trimSuffix "-" | quote }}
+    defaultMode: 0440
+    optional: false
+- name: ckpt-key
+  secret:
+    secretName: {{ .Values.checkpointKey.secretName | quote }}
+    defaultMode: 0440
+    optional: false
 {{- end }}

@@ -222,7 +222,14 @@ def test_security_context_and_volumes() -> None:
     assert volumes["local-nvme"]["hostPath"] == {"path": "/mnt/nvme", "type": "Directory"}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts == {"fsx": "/fsx", "local-nvme": "/local-nvme", "dshm": "/dev/shm", "scratch": "/tmp"}
+    keys = {"replica-key": "/var/run/trainer/replica-key", "ckpt-key": "/var/run/trainer/ckpt-key"}
+    assert mounts == {
+        "fsx": "/fsx",
+        "local-nvme": "/local-nvme",
+        "dshm": "/dev/shm",
+        "scratch": "/tmp",
+        **keys,
+    }
     assert pod["serviceAccountName"] == "trainer"
 
     nonroot = render({"runAsNonRoot": True, "runAsUser": 2000, "runAsGroup": 3000})

@@ -91,9 +91,9 @@ def test_renders_valid_kubernetes(name: str) -> None:
     policies = by_kind(manifests, "NetworkPolicy")
     assert len(policies) == (2 if VALUE_SETS[name].get("networkPolicy", {}).get("enabled", True) else 0)
     if VALUE_SETS[name].get("workload") == "jobset":
-        assert kinds == ["JobSet", "Pod", "Pod"]
+        assert kinds == ["JobSet", "Pod", "Pod", "Secret"]  # Secret: the release's replica key
     else:
-        assert kinds == ["Job", "Pod", "Pod", "Service"]
+        assert kinds == ["Job", "Pod", "Pod", "Secret", "Service"]
 
 
 def test_validator_catches_an_invalid_manifest() -> None:

@@ -8,6 +8,11 @@ A checkpoint becomes visible in one atomic step, the rename of its temporary dir
 and only after every file in it (listed with size and CRC32 in MANIFEST.json) has been fsynced. A reader
 therefore never sees a half-written checkpoint; one damaged afterwards (bit rot, a truncated copy, the
 ckpt-corrupt fault) fails the manifest check and is skipped with the reason.
+
+A manifest also lists each file's SHA-256, names the run that owns it (`owner`, trainer/checkpoint/
+lease.py) and is signed with HMAC-SHA256 under the team's checkpoint key (trainer/security/): resume
+loads nothing of a checkpoint, not even DCP's pickled .metadata, before the signature and every file's
+digest verify (docs/security.md).
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.security.mac import check, file_digests, sign
+
 MANIFEST = "MANIFEST.json"
 FINGERPRINT = "model_fingerprint"
 """Manifest key: a hash of the model's parameter names, global shapes and dtypes (state.fingerprint)."""
+OWNER = "owner"
+"""Manifest key: the job uid of the run that committed it (retention touches only its own)."""
+LINEAGE = "lineage"
+"""Manifest key: the lineage of the directory's lease when it was committed (lease.py)."""
+MANIFEST_DOMAIN = "checkpoint manifest v1"
 FORMAT_VERSION = 1
 _COMMITTED = re.compile(r"^step_(\d{8,})$")
 _CHUNK = 8 << 20
@@ -49,11 +61,12 @@ def crc32_file(path: Path) -> str:
 
 
 def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """{name: {"size", "crc32"}} for the given files of `directory`."""
-    return {
-        name: {"size": (directory / name).stat().st_size, "crc32": crc32_file(directory / name)}
-        for name in sorted(names)
-    }
+    """{name: {"size", "crc32", "sha256"}} for the given files of `directory` (one read of each)."""
+    described = {}
+    for name in sorted(names):
+        crc, sha = file_digests(directory / name)
+        described[name] = {"size": (directory / name).stat().st_size, "crc32": crc, "sha256": sha}
+    return described
 
 
 def fsync_dir(path: Path) -> None:
@@ -71,9 +84,17 @@ def fsync_files(directory: Path, names: list[str]) -> None:
             os.fsync(fh.fileno())
 
 
-def commit(tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[str, Any]) -> Path:
-    """Write the manifest into `tmp`, make it durable, and rename `tmp` to its committed name."""
-    manifest = {
+def commit(
+    tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[str, Any], *, key: bytes | None = None
+) -> Path:
+    """Write the manifest into `tmp` (signed with `key`; a file listed without its SHA-256 is read for
+    it), make it durable, and rename `tmp` to its committed name."""
+    if key is not None:
+        files = {
+            name: entry if "sha256" in entry else {**entry, "sha256": file_digests(tmp / name)[1]}
+            for name, entry in files.items()
+        }
+    manifest: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "step": step,
         "created": time.time(),
@@ -81,6 +102,8 @@ def commit(tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[s
         "total_bytes": sum(int(f["size"]) for f in files.values()),
         **extra,
     }
+    if key is not None:
+        manifest = sign(manifest, key, MANIFEST_DOMAIN)
     part = tmp / (MANIFEST + ".part")
     with open(part, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
@@ -90,12 +113,23 @@ def commit(tmp: Path, step: int, files: dict[str, dict[str, Any]], extra: dict[s
     fsync_dir(tmp)
     final = tmp.parent / committed_name(step)
     if final.exists():
+        theirs = _lineage_of(final)
+        if extra.get(LINEAGE) and theirs is not None and theirs != extra[LINEAGE]:
+            raise OSError(f"{final} belongs to another run (lineage {theirs}): not replaced")
         # A checkpoint of the same step from an earlier incarnation (resumed before it, then redone):
         # move it aside first; the new one has the same content by exact-resume determinism.
         _discard(final)
     tmp.rename(final)
     fsync_dir(tmp.parent)
     return final
+
+
+def _lineage_of(path: Path) -> str | None:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest.get(LINEAGE) if isinstance(manifest, dict) else None
 
 
 @dataclass(frozen=True)
@@ -152,16 +186,28 @@ def _precheck(path: Path, step: int) -> tuple[dict[str, Any] | None, str | None]
     return manifest, None
 
 
+def authentic(manifest: dict[str, Any], key: bytes) -> str | None:
+    """None if the manifest is signed under `key` and lists a SHA-256 for every file, else why not."""
+    problem = check(manifest, key, MANIFEST_DOMAIN)
+    if problem is not None:
+        return f"manifest {problem}"
+    unhashed = sorted(n for n, e in manifest["files"].items() if not isinstance(e, dict) or "sha256" not in e)
+    return f"manifest lists no SHA-256 for {', '.join(unhashed[:3])}" if unhashed else None
+
+
 def verify_checksums(path: Path, manifest: dict[str, Any], names: list[str]) -> str | None:
-    """None if the listed files match their manifest CRC32, else the first mismatch."""
+    """None if the listed files match their manifest CRC32 (and SHA-256, when listed), else the first
+    mismatch."""
     for name in names:
-        expected = manifest["files"][name]["crc32"]
+        entry = manifest["files"][name]
         try:
-            actual = crc32_file(path / name)
+            crc, sha = file_digests(path / name)
         except OSError as exc:
             return f"cannot read {name}: {exc}"
-        if actual != expected:
-            return f"checksum mismatch in {name}: crc32 {actual}, manifest says {expected}"
+        if crc != entry["crc32"]:
+            return f"checksum mismatch in {name}: crc32 {crc}, manifest says {entry['crc32']}"
+        if "sha256" in entry and sha != entry["sha256"]:
+            return f"checksum mismatch in {name}: sha256 differs from the manifest's"
     return None
 
 
@@ -179,10 +225,17 @@ def discard(path: Path) -> None:
 
 
 def apply_retention(
-    root: Path, keep: int, *, just_committed: Path, fingerprint: str, unloadable: Iterable[str] = ()
+    root: Path,
+    keep: int,
+    *,
+    just_committed: Path,
+    fingerprint: str,
+    unloadable: Iterable[str] = (),
+    lineage: str | None = None,
 ) -> list[Path]:
     """Delete what policy.to_delete names (never the checkpoint just committed, never one not provably
-    this model's, never one that does not load); returns what was deleted."""
+    this model's, never one that does not load, and with `lineage` never one another run committed:
+    lease.py); returns what was deleted."""
     from trainer.checkpoint.policy import Kept, to_delete
 
     candidates, _ = scan(root)
@@ -191,7 +244,9 @@ def apply_retention(
         Kept(
             c.step,
             c.path,
-            ours=c.manifest is not None and c.manifest.get(FINGERPRINT) == fingerprint,
+            ours=c.manifest is not None
+            and c.manifest.get(FINGERPRINT) == fingerprint
+            and (lineage is None or c.manifest.get(LINEAGE) == lineage),
             loadable=c.problem is None and str(c.path) not in bad,
         )
         for c in candidates

@@ -113,7 +113,9 @@ def restore_local(
         offer = next(o for o in candidates.offers if o.step == step)
         local = ckpt.manager.local
         planner = NodeLocalPlanner(offer.path, local.load_replicated(step))
-        error = ckpt.manager.load_from(offer.path, state, planner)  # agreed: every rank, same verdict
+        error = ckpt.manager.load_from(
+            offer.path, state, planner, metadata_sha256=offer.metadata_sha256
+        )  # agreed: every rank, same verdict
         if error is None:
             load_s = time.perf_counter() - t0
             events.emit("restore", step=step, path=str(offer.path), load_s=load_s, source="local")

@@ -19,12 +19,17 @@ Retention is per rank, after each seal: it keeps the step just sealed and the ne
 sealed steps of this model, deletes this rank's parts of the rest and its unsealed leftovers older than
 the step just sealed; a step directory goes when it is empty. A directory holds one run (the chart's
 path ends in the run name); a seal of another model is never touched.
+
+With a checkpoint key (`key`, trainer/security/) a seal lists SHA-256s too and is signed: a step whose
+seal does not verify under the key is never offered, so nothing of it (.metadata, the replicated
+values) is unpickled or loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import io
 import json
 import os
@@ -40,16 +45,22 @@ from torch.distributed.tensor import DTensor
 
 from trainer.checkpoint import layout
 from trainer.checkpoint.errors import CheckpointWriteError
+from trainer.security.mac import check, file_digests, sign
 
 METADATA = ".metadata"
 SEAL_FORMAT = 1
 _CHUNK = 8 << 20
 
 
+SEAL_DOMAIN = "nvme seal v1"
+
+
 @dataclass(frozen=True)
 class LocalOffer:
     step: int
     path: Path
+    metadata_sha256: str | None = None
+    """The sealed digest of the step's .metadata: DCP unpickles only bytes with it (resume.VerifiedReader)."""
 
 
 class LocalTier:
@@ -60,6 +71,12 @@ class LocalTier:
         self.crash_after_bytes: int | None = None
         """Tests: the drain raises after copying this many bytes (a crash in the middle of a drain)."""
         self._replicated: dict[int, dict[str, Any]] = {}
+        self.key: bytes | None = None
+        """The checkpoint key (set by the manager): seals are signed with it and verified under it."""
+        self.lineage: str | None = None
+        """The checkpoint directory's lineage (trainer/checkpoint/lease.py, set by the manager): steps
+        sealed under another are another run's, or of a directory since deleted: never offered, pruned."""
+        self.job = ""
 
     # ------------------------------------------------------------------------------------------ names
     def step_dir(self, step: int) -> Path:
@@ -104,10 +121,14 @@ class LocalTier:
             "world_size": self.world_size,
             layout.FINGERPRINT: model_fingerprint,
             "files": {name: files[name] for name in sorted(files)},
-            "metadata": {"size": len(metadata), "crc32": f"{zlib.crc32(metadata):08x}"},
-            "replicated": {"size": len(replicated), "crc32": f"{zlib.crc32(replicated):08x}"},
+            "metadata": _describe(metadata),
+            "replicated": _describe(replicated),
             "sealed": time.time(),
+            layout.OWNER: self.job,
+            layout.LINEAGE: self.lineage,
         }
+        if self.key is not None:
+            seal = sign(seal, self.key, SEAL_DOMAIN)
         path = self.seal_path(step)
         _write_atomic(path, json.dumps(seal, indent=1).encode(), path.name + ".part")
         return path
@@ -116,15 +137,17 @@ class LocalTier:
         """Copy `files` ({name: {size, crc32}}) of local `step` into `dest`, checking every byte against
         the listed CRC32 (what the seal holds), each fsynced; returns the same listing for the manifest."""
         budget = [self.crash_after_bytes]
+        copied: dict[str, Any] = {}
         for name in sorted(files):
-            crc = _copy(self.step_dir(step) / name, dest / name, cancel, budget)
-            if crc != files[name]["crc32"]:
+            crc, sha = _copy(self.step_dir(step) / name, dest / name, cancel, budget)
+            if crc != files[name]["crc32"] or files[name].get("sha256", sha) != sha:
                 raise CheckpointWriteError(
                     f"rank {self.rank}: local {name} of step {step} changed after it was written "
                     f"(crc32 {crc}, expected {files[name]['crc32']})"
                 )
+            copied[name] = {"size": files[name]["size"], "crc32": crc, "sha256": sha}
         layout.fsync_dir(dest)
-        return {name: {"size": files[name]["size"], "crc32": files[name]["crc32"]} for name in files}
+        return copied
 
     # ------------------------------------------------------------------------------------------- read
     def offers(self, model_fingerprint: str) -> tuple[list[LocalOffer], list[str]]:
@@ -134,7 +157,8 @@ class LocalTier:
         for step in self.sealed_steps():
             reason = self._problem(step, model_fingerprint)
             if reason is None:
-                good.append(LocalOffer(step, self.step_dir(step)))
+                sha = ((self._read_seal(step) or {}).get("metadata") or {}).get("sha256")
+                good.append(LocalOffer(step, self.step_dir(step), sha if self.key is not None else None))
             else:
                 refused.append(f"local step {step}: {reason}")
         return good, refused
@@ -163,8 +187,15 @@ class LocalTier:
         seal = self._read_seal(step)
         if seal is None or seal.get("format") != SEAL_FORMAT:
             return "unreadable seal"
+        if self.key is not None and (bad := check(seal, self.key, SEAL_DOMAIN)) is not None:
+            return f"seal {bad}"
         if seal.get("step") != step or seal.get("rank") != self.rank:
             return f"seal of step {seal.get('step')} rank {seal.get('rank')} in the wrong place"
+        if self.lineage is not None and seal.get(layout.LINEAGE) != self.lineage:
+            return (
+                f"another run's (job {seal.get(layout.OWNER)!r}), or its checkpoint directory was "
+                "deleted since: not this directory's lineage"
+            )
         if seal.get("world_size") != self.world_size:
             return f"world size {seal.get('world_size')}, this run has {self.world_size}"
         if seal.get(layout.FINGERPRINT) != model_fingerprint:
@@ -179,11 +210,13 @@ class LocalTier:
             try:
                 if (directory / name).stat().st_size != entry["size"]:
                     return f"size mismatch in {name}"
-                actual = layout.crc32_file(directory / name)
+                actual, sha = file_digests(directory / name)
             except OSError as exc:
                 return f"cannot read {name}: {exc}"
             if actual != entry["crc32"]:
                 return f"checksum mismatch in {name}: crc32 {actual}, sealed {entry['crc32']}"
+            if self.key is not None and entry.get("sha256") != sha:
+                return f"checksum mismatch in {name}: sha256 differs from the seal's"
         return None
 
     # ------------------------------------------------------------------------------------ maintenance
@@ -210,6 +243,18 @@ class LocalTier:
         for step in sorted(doomed):
             self._remove_own(step)
         return sorted(doomed)
+
+    def prune_foreign(self) -> list[int]:
+        """Delete this rank's parts of steps sealed under another lineage (another run's, or of a
+        checkpoint directory deleted since): they are never restored. Returns those steps."""
+        if self.lineage is None:
+            return []
+        doomed = [
+            s for s in self.sealed_steps() if (self._read_seal(s) or {}).get(layout.LINEAGE) != self.lineage
+        ]
+        for step in doomed:
+            self._remove_own(step)
+        return doomed
 
     def load_replicated(self, step: int) -> dict[str, Any]:
         """The unsharded values sealed with `step` (verified by offers())."""
@@ -250,9 +295,14 @@ def _write_atomic(path: Path, data: bytes, part_name: str) -> None:
     layout.fsync_dir(path.parent)
 
 
-def _copy(src: Path, dst: Path, cancel: threading.Event, budget: list[int | None]) -> str:
-    """Copy src to dst (fsynced), returning the CRC32 of the bytes copied; stops when `cancel` is set."""
-    crc = 0
+def _describe(data: bytes) -> dict[str, Any]:
+    return {"size": len(data), "crc32": f"{zlib.crc32(data):08x}", "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _copy(src: Path, dst: Path, cancel: threading.Event, budget: list[int | None]) -> tuple[str, str]:
+    """Copy src to dst (fsynced), returning the CRC32 and SHA-256 of the bytes copied; stops when
+    `cancel` is set."""
+    crc, sha = 0, hashlib.sha256()
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while chunk := fin.read(_CHUNK):
             if cancel.is_set():
@@ -262,7 +312,8 @@ def _copy(src: Path, dst: Path, cancel: threading.Event, budget: list[int | None
                     raise CheckpointWriteError(f"injected crash in the drain of {src.name}")
                 budget[0] -= len(chunk)
             crc = zlib.crc32(chunk, crc)
+            sha.update(chunk)
             fout.write(chunk)
         fout.flush()
         os.fsync(fout.fileno())
-    return f"{crc:08x}"
+    return f"{crc:08x}", sha.hexdigest()

@@ -86,6 +86,8 @@ class CheckpointLoop:
             self._guard(self.manager.wait)
 
     def close(self) -> None:
+        if self.rank == 0 and self.last_step >= 0 and self.manager.committed_step >= self.last_step:
+            self.manager.lease.release()  # completed: the directory is free for the next job at once
         self.manager.close()
 
     def latest_committed_path(self) -> Any:

@@ -31,6 +31,7 @@ restore() tries committed checkpoints newest first (resume.py); a failed load is
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -50,10 +51,13 @@ from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
+from trainer.checkpoint.lease import Lease, job_uid
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
 from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
+from trainer.errors import UnrecoverableError
 from trainer.resilience.progress import write_iteration_file
+from trainer.security.keys import checkpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +129,9 @@ class CheckpointManager:
             if cfg.local_dir is not None
             else None
         )
+        key = self.key  # read at start: a missing or bad key file stops the run in one line, not every commit
+        if self.local is not None:
+            self.local.key = key  # seals are signed and verified like manifests
         self._owns_pg = process_group is None
         self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
@@ -148,6 +155,30 @@ class CheckpointManager:
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc")
         if rank == 0:
             cfg.dir.mkdir(parents=True, exist_ok=True)
+        self.lease = Lease(cfg.dir, job_uid())
+        self.lineage = self._claim()  # before any step: a directory another live job holds stops the run
+        if self.local is not None:
+            self.local.lineage, self.local.job = self.lineage, self.lease.job
+            self.local.prune_foreign()
+
+    def _claim(self) -> str:
+        """Rank 0 claims the directory (lease.py); every rank learns the lineage, or raises the one line
+        that names the job holding it."""
+        verdict: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                self.lease.claim()
+                self.lease.start_heartbeat()
+                verdict[0] = ("ok", self.lease.job, self.lease.lineage)
+            except UnrecoverableError as exc:
+                verdict[0] = ("refused", exc.why, "")
+        dist.broadcast_object_list(verdict, src=self._global_rank0(), group=self._group())
+        kind, what, lineage = verdict[0]
+        if kind != "ok":
+            self.close()
+            raise UnrecoverableError("ckpt_dir", what)
+        self.lease.job = what
+        return str(lineage)
 
     # ----------------------------------------------------------------------------------------- policy
     def should_save(self, step: int, last_step: int = -1) -> bool:
@@ -340,14 +371,18 @@ class CheckpointManager:
             if stray:
                 raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
             assert self._fingerprint is not None
-            extra = {"world_size": self.world_size, "mode": self.cfg.mode}
-            final = layout.commit(p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint})
+            extra: dict[str, Any] = {"world_size": self.world_size, "mode": self.cfg.mode}
+            extra.update({layout.OWNER: self.lease.job, layout.LINEAGE: self.lineage})
+            final = layout.commit(
+                p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint}, key=self.key
+            )
             deleted = layout.apply_retention(
                 self.cfg.dir,
                 self.cfg.keep_latest,
                 just_committed=final,
                 fingerprint=self._fingerprint,
                 unloadable=self._unloadable,
+                lineage=self.lineage,
             )
             log.debug("retention deleted %s", [str(d) for d in deleted])
             write_iteration_file(self.cfg.dir, p.step)  # ft_launcher's progress tracker reads it
@@ -372,13 +407,23 @@ class CheckpointManager:
             group=self._group(),
             model_fingerprint=self._fingerprint,
             unloadable=self._unloadable,
+            key=self.key,
         )
 
     load_latest = restore  # the earlier name
 
-    def load_from(self, path: Path, state: dict[str, Any], planner: Any = None) -> str | None:
+    def load_from(
+        self, path: Path, state: dict[str, Any], planner: Any = None, *, metadata_sha256: str | None = None
+    ) -> str | None:
         """Load the checkpoint in `path` into `state` (a collective): None, or the error every rank got."""
-        return try_load(path, state, self.rank, self.world_size, self._group(), planner)
+        return try_load(
+            path, state, self.rank, self.world_size, self._group(), planner, metadata_sha256=metadata_sha256
+        )
+
+    @functools.cached_property
+    def key(self) -> bytes:
+        """The checkpoint key that signs and verifies manifests and seals (docs/design.md Contract 5)."""
+        return checkpoint_key(self.cfg.dir)
 
     @property
     def pending_step(self) -> int:
@@ -398,6 +443,7 @@ class CheckpointManager:
         """
         t0 = time.perf_counter()
         self.abort()
+        self.lease.stop()  # the heartbeat; the lease itself stays until it is released or goes stale
         self._backend.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
         groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])

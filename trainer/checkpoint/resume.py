@@ -50,6 +50,7 @@ def restore_newest(
     group: dist.ProcessGroup,
     model_fingerprint: str,
     unloadable: set[str],
+    key: bytes | None = None,
 ) -> RestoreResult:
     """Load the newest checkpoint under `root` that loads into `state` in place. A collective on `group`.
 
@@ -74,12 +75,14 @@ def restore_newest(
         path = Path(path_str)
         reason = (
             problem
+            or (key is not None and layout.authentic(manifest, key))
             or _foreign(manifest, model_fingerprint)
             or _verify(path, manifest, rank, world_size, group)
         )
         if reason is None:
             rollback = rollback or Rollback(state)
-            reason = try_load(path, state, rank, world_size, group)
+            sha = manifest["files"][".metadata"].get("sha256") if key is not None else None
+            reason = try_load(path, state, rank, world_size, group, metadata_sha256=sha)
             if reason is not None:
                 rollback.restore()
         if reason is None:
@@ -117,17 +120,47 @@ def try_load(
     world_size: int,
     group: dist.ProcessGroup,
     planner: Any = None,
+    *,
+    metadata_sha256: str | None = None,
 ) -> str | None:
-    """Load the checkpoint in `path` into `state`; None, or the first rank's error on every rank."""
+    """Load the checkpoint in `path` into `state`; None, or the first rank's error on every rank.
+    With `metadata_sha256`, DCP's .metadata is unpickled only from bytes with that digest (read once:
+    a file swapped after the checksum pass is not loaded)."""
     error = None
     try:
-        keys = set(FileSystemReader(path).read_metadata().state_dict_metadata)
+        keys = set(VerifiedReader(path, metadata_sha256).read_metadata().state_dict_metadata)
         template = build_load_dict(state, rank, keys)
-        dcp.load(template, storage_reader=FileSystemReader(path), planner=planner, process_group=group)
+        reader = VerifiedReader(path, metadata_sha256)
+        dcp.load(template, storage_reader=reader, planner=planner, process_group=group)
         apply_loaded(state, template, rank)
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
         error = f"load failed: {type(exc).__name__}: {str(exc).strip()[:500]}"
     return agree(error, world_size, group)
+
+
+class VerifiedReader(FileSystemReader):
+    """DCP's file reader whose .metadata is unpickled only if its bytes have the expected SHA-256."""
+
+    def __init__(self, path: Path, metadata_sha256: str | None) -> None:
+        super().__init__(path)
+        self.metadata_sha256 = metadata_sha256
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if self.metadata_sha256 is None:
+            return super().read_metadata(*args, **kwargs)
+        import hashlib
+        import pickle
+
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        raw = (Path(self.path) / ".metadata").read_bytes()
+        if hashlib.sha256(raw).hexdigest() != self.metadata_sha256:
+            raise ValueError(".metadata changed after it was verified (sha256 differs): not loaded")
+        metadata = pickle.loads(raw)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
 
 
 def agree(error: str | None, world_size: int, group: dist.ProcessGroup) -> str | None:

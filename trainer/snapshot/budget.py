@@ -59,3 +59,11 @@ def check_fits(directory: Path, bytes_per_copy: int, *, local_ranks: int, replic
             f"a larger /dev/shm (chart: shmSize) or turn snapshots off ({off})",
         )
     return need
+
+
+def replica_limit(bytes_per_copy: int) -> int:
+    """The largest peer replica a rank accepts, given its own snapshot's size: the ranks of a ring pair
+    have the same local rank and shard sizes within a row per tensor of each other (FSDP2's uneven
+    last shard), so a quarter and a MiB of slack cover that; anything larger is not a snapshot of this
+    job and is refused before a byte of it is allocated."""
+    return bytes_per_copy + bytes_per_copy // 4 + MiB

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.checkpoint.state import build_save_dict
-from trainer.snapshot.budget import adamw_estimate, check_fits
+from trainer.snapshot.budget import adamw_estimate, check_fits, replica_limit
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
 from trainer.snapshot.replica import PeerReplicas
 from trainer.snapshot.replica_net import local_address
@@ -75,6 +75,8 @@ class Snapshots:
         local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
         estimate = adamw_estimate(sum(t.numel() * t.element_size() for t in local), len(local))
         check_fits(self.cfg.dir, estimate, local_ranks=self.local_ranks, replicated=self.peers is not None)
+        if self.peers is not None:
+            self.peers.set_limit(replica_limit(max(estimate, self._checked_bytes)))
         if local and local[0].is_cuda:
             self.store.pin()
 
@@ -113,6 +115,8 @@ class Snapshots:
                 self.cfg.dir, result.bytes, local_ranks=self.local_ranks, replicated=self.peers is not None
             )
             self._checked_bytes = result.bytes
+            if self.peers is not None:
+                self.peers.set_limit(replica_limit(result.bytes))
         return result
 
     def finish(self) -> None:

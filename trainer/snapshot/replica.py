@@ -11,18 +11,27 @@ One `PeerReplicas` per process (it outlives in-process restarts, like the Snapsh
   `fetch` pulls this rank's replica from whoever holds it (a replaced node's /dev/shm is empty).
 
 Holder addresses travel in the restore agreement's all_gather (IPv4 address and port as integers), so
-the channel needs no store of its own and follows the ranks of each restart.
+the channel needs no store of its own and follows the ranks of each restart. So does the channel key:
+rank 0 adds a random 256-bit value (drawn once per process) to its row, and every rank keys the channel
+with HMAC(job key, that value), the job key being the chart's per-release Secret
+(TRAINER_REPLICA_KEY_FILE, docs/design.md Contract 5) or, in a plain local run without one, a constant:
+then the channel is as private as the training group's own traffic, which the ranks already trust.
+A holder takes a PUT only from the rank whose replica it keeps and serves a rank only its own replica.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import ipaddress
 import logging
+import secrets
 import threading
 import time
 from typing import Any
 
+from trainer.security.keys import key_id, replica_file_key
 from trainer.snapshot import replica_net
 from trainer.snapshot.replica_shelf import ReplicaShelf
 from trainer.snapshot.ring import Ring
@@ -34,8 +43,11 @@ HELD_OFFERED = 4
 """(owner, step) pairs each rank offers: two slots of its ring owner, and room for one earlier owner."""
 REPLICAS, PULLED = "replicas", "pulled"
 """Subdirectories of the snapshot directory: replicas kept for other ranks; a replica pulled back."""
-ROW = 2 + 2 * HELD_OFFERED
-"""Integers each rank adds to the restore agreement: IPv4 address, port, then the held pairs."""
+SEED_WORDS = 4
+"""int64 words of rank 0's channel seed in the agreement (256 bits; zero in other ranks' rows)."""
+ROW = 2 + SEED_WORDS + 2 * HELD_OFFERED
+"""Integers each rank adds to the restore agreement: IPv4 address, port, seed, then the held pairs."""
+_NO_FILE_KEY = b"trainer replica channel: no job key file"
 
 
 class PeerReplicas:
@@ -62,7 +74,15 @@ class PeerReplicas:
             fingerprint=fingerprint,
             manages=lambda owner: owner == self.rank,
         )
-        self.server = replica_net.ReplicaServer(self.shelf, host)
+        self._file_key = replica_file_key()
+        self._seed = secrets.token_bytes(8 * SEED_WORDS)
+        self._key: bytes | None = None
+        self.server = replica_net.ReplicaServer(
+            self.shelf,
+            host,
+            may_put=lambda requester, owner: requester == owner == self.owner,
+            may_get=lambda requester, owner: requester == owner,
+        )
         self.events: Any = None
         """The EventLog for `replica` events (set by the manager at each restore)."""
         self._cond = threading.Condition()
@@ -142,7 +162,8 @@ class PeerReplicas:
         path = self.store.path(slot)
         try:
             nbytes = path.stat().st_size
-            replica_net.put(address, self.rank, step, path, nbytes)
+            assert self._key is not None  # set by learn() before any address is
+            replica_net.put(address, self.rank, step, path, nbytes, key=self._key)
         except (OSError, replica_net.ReplicaError) as exc:
             self._failures += 1
             if self._failures in (1, 10, 100) or self._failures % 1000 == 0:
@@ -165,6 +186,8 @@ class PeerReplicas:
         """This rank's part of the restore agreement: its address, then the replicas it holds."""
         host, port = self.server.address
         row = [int(ipaddress.IPv4Address(host)), port]
+        seed = self._seed if self.rank == 0 else bytes(8 * SEED_WORDS)
+        row += [int.from_bytes(seed[8 * i : 8 * i + 8], "little", signed=True) for i in range(SEED_WORDS)]
         for held in self.shelf.held()[:HELD_OFFERED]:
             row += [held.owner, held.step]
         return row + [-1] * (ROW - len(row))
@@ -172,10 +195,16 @@ class PeerReplicas:
     def learn(self, rows: list[list[int]]) -> list[set[int]]:
         """Read every rank's row; for each rank, the steps some peer holds a replica of."""
         self._addresses = {r: (str(ipaddress.IPv4Address(row[0])), int(row[1])) for r, row in enumerate(rows)}
+        seed = b"".join(int(w).to_bytes(8, "little", signed=True) for w in rows[0][2 : 2 + SEED_WORDS])
+        key = hmac.new(self._file_key or _NO_FILE_KEY, b"replica channel\0" + seed, hashlib.sha256).digest()
+        if key != self._key:
+            log.info("replica channel keyed (%s job key, key id %s)",
+                     "with the" if self._file_key else "without a", key_id(key))  # fmt: skip
+        self._key = self.server.key = key
         self._holders = {}
         steps: list[set[int]] = [set() for _ in rows]
         for holder, row in enumerate(rows):
-            pairs = row[2:ROW]
+            pairs = row[2 + SEED_WORDS : ROW]
             for owner, step in zip(pairs[0::2], pairs[1::2], strict=True):
                 if 0 <= owner < len(rows) and step >= 0:  # owner == holder: the ranks moved nodes
                     steps[owner].add(step)
@@ -192,7 +221,8 @@ class PeerReplicas:
         errors = []
         for holder in self._holders.get(step, []):
             try:
-                replica_net.get(self._addresses[holder], self.rank, step, self.pulled)
+                assert self._key is not None
+                replica_net.get(self._addresses[holder], self.rank, step, self.pulled, key=self._key)
             except (OSError, ValueError, replica_net.ReplicaError) as exc:
                 errors.append(f"rank {holder}: {exc}")
                 continue
@@ -203,6 +233,10 @@ class PeerReplicas:
                 return self._reader, offer
             errors.append(f"rank {holder}: pulled replica does not verify ({rejected})")
         return "; ".join(errors) or f"no peer holds a replica of step {step}"
+
+    def set_limit(self, nbytes: int) -> None:
+        """The largest replica this rank takes (its pod's slot budget per copy)."""
+        self.shelf.limit = self.pulled.limit = nbytes
 
     def after_restore(self, step: int) -> None:
         """Every rank restored `step`: replicas of a later step are another past, a pulled copy is no

@@ -11,6 +11,7 @@ whole. The same class holds a pulled replica on the restoring side (`<dir>/pulle
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -21,12 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.snapshot.store import HEADER_BYTES, MAGIC, SnapshotStore, parse_header
+from trainer.snapshot.store import HEADER_BYTES, SnapshotStore, parse_header
 
 log = logging.getLogger(__name__)
 
 Reader = Callable[[memoryview], None]
 """Fills the whole buffer it is given (from a socket) or raises."""
+SUPERSEDE_WAIT_S = 10.0
+"""How long a transfer waits for an earlier one of the same owner to be cut off and cleaned up."""
+Finish = Callable[[], "str | None"]
+"""Called once every byte is read: None, or why the transfer is not authentic (the sender's MAC)."""
 
 
 @dataclass(frozen=True)
@@ -59,41 +64,105 @@ class ReplicaShelf:
         self.world_size, self.fingerprint = world_size, fingerprint
         self.manages = manages
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.limit: int | None = None
+        """Largest replica accepted (bytes, header included): the pod's slot budget, set by the snapshot
+        manager once it knows a snapshot's size. None: only the free space bounds it."""
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._incoming: set[int] = set()
+        for stale in self.dir.glob(".incoming-rank*"):  # of a process that died receiving: tmpfs pages
+            if not _alive(stale.name.split("-")[2]):
+                stale.unlink(missing_ok=True)
         self._newest: dict[int, tuple[int, int]] = {}  # owner -> (slot, step) of its newest verified replica
 
     def path(self, owner: int, slot: int) -> Path:
         return self.dir / f"rank{owner}.slot{slot}"
 
-    def receive(self, owner: int, step: int, nbytes: int, read: Reader) -> int:
+    def admissible(self, owner: int, nbytes: int) -> str | None:
+        """None if a replica of `owner` of `nbytes` may be received now, else why not. Checked before
+        anything is allocated: the owner is a rank of this job, the size is within `limit` (the pod's
+        slot budget, trainer/snapshot/budget.py) and within what the directory's file system has free."""
+        if not 0 <= owner < self.world_size:
+            return f"owner rank {owner} outside 0..{self.world_size - 1}"
+        if nbytes <= HEADER_BYTES:
+            return f"replica of {nbytes} bytes is shorter than its header"
+        if self.limit is not None and nbytes > self.limit:
+            return f"replica of {nbytes} bytes is larger than this pod's slot budget of {self.limit} bytes"
+        st = os.statvfs(self.dir)
+        with self._lock:
+            reclaim = sum(p.stat().st_size for p in self._replaced(owner) if p.exists())
+        if nbytes > st.f_bavail * st.f_frsize + reclaim:
+            return f"replica of {nbytes} bytes does not fit in {self.dir} ({st.f_bavail * st.f_frsize} free)"
+        return None
+
+    def receive(
+        self, owner: int, step: int, nbytes: int, read: Reader, *, finish: Finish | None = None
+    ) -> int:
         """Store owner's snapshot of `step` (`nbytes`, header included, filled by `read`); the slot used.
 
-        Raises ValueError when the received bytes are not that snapshot whole (the slot stays invalid).
+        The bytes go to a temp file received outside the lock (a slow sender holds up nobody), whose
+        pages are reserved up front (no SIGBUS on a full tmpfs); `finish()` (the sender's MAC) and the
+        header and checksum are checked, and only then is it renamed over the slot not holding the
+        owner's newest replica. A failed transfer leaves no file behind. Raises ValueError when the
+        bytes are not that snapshot whole, or the replica is not admissible.
         """
-        if nbytes <= HEADER_BYTES:
-            raise ValueError(f"replica of {nbytes} bytes is shorter than its header")
+        problem = self.admissible(owner, nbytes)
+        if problem is not None:
+            raise ValueError(f"replica of rank {owner} step {step} refused: {problem}")
         with self._lock:
-            newest = self._newest_of(owner)
-            slot = 1 - newest[0] if newest is not None else 0
-            header = bytearray(HEADER_BYTES)
-            fd = os.open(self.path(owner, slot), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                os.ftruncate(fd, nbytes)
-                mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
-            try:
-                mm[0 : len(MAGIC)] = b"\0" * len(MAGIC)  # invalid until verified
-                problem = _fill_and_check(mm, header, owner, step, nbytes, read, self)
-                if problem is None:
-                    mm[len(MAGIC) : HEADER_BYTES] = header[len(MAGIC) :]
-                    mm[0 : len(MAGIC)] = MAGIC  # the moment the replica becomes valid
-            finally:
-                mm.close()
+            # one transfer per owner: a newer one waits for an older one to end (the server cuts a
+            # superseded connection off: ReplicaServer)
+            if not self._idle.wait_for(lambda: owner not in self._incoming, timeout=SUPERSEDE_WAIT_S):
+                raise ValueError(
+                    f"replica of rank {owner} step {step} refused: another transfer is under way"
+                )
+            self._incoming.add(owner)
+            for old in self._replaced(owner):  # free the older replica's pages before taking new ones
+                old.unlink(missing_ok=True)
+        tmp = self.dir / f".incoming-rank{owner}-{os.getpid()}-{threading.get_ident()}"
+        try:
+            problem = self._fill(tmp, owner, step, nbytes, read, finish)
             if problem is not None:
                 raise ValueError(f"replica of rank {owner} step {step} refused: {problem}")
-            self._newest[owner] = (slot, step)
-            return slot
+            with self._lock:
+                newest = self._newest_of(owner)
+                slot = 1 - newest[0] if newest is not None else 0
+                os.replace(tmp, self.path(owner, slot))  # the moment the replica becomes valid
+                self._newest[owner] = (slot, step)
+                return slot
+        finally:
+            tmp.unlink(missing_ok=True)
+            with self._lock:
+                self._incoming.discard(owner)
+                self._idle.notify_all()
+
+    def _replaced(self, owner: int) -> list[Path]:
+        """The slot file a new replica of `owner` replaces (the one not holding its newest)."""
+        newest = self._newest_of(owner)
+        return [self.path(owner, 1 - newest[0] if newest is not None else 0)]
+
+    def _fill(
+        self, tmp: Path, owner: int, step: int, nbytes: int, read: Reader, finish: Finish | None
+    ) -> str | None:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    return f"no room for {nbytes} bytes: {exc.strerror}"
+                os.ftruncate(fd, nbytes)  # a file system without fallocate: admissible() checked the room
+            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        header = bytearray(HEADER_BYTES)
+        try:
+            problem = _fill_and_check(mm, header, owner, step, nbytes, read, self, finish)
+            if problem is None:
+                mm[0:HEADER_BYTES] = header  # the header last: a torn file never reads as a snapshot
+            return problem
+        finally:
+            mm.close()
 
     def held(self) -> list[Held]:
         """Every replica here that verifies (checksum, run, world size, rank), newest first."""
@@ -154,8 +223,25 @@ class ReplicaShelf:
         return self._newest.get(owner)
 
 
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _fill_and_check(
-    mm: mmap.mmap, header: bytearray, owner: int, step: int, nbytes: int, read: Reader, shelf: ReplicaShelf
+    mm: mmap.mmap,
+    header: bytearray,
+    owner: int,
+    step: int,
+    nbytes: int,
+    read: Reader,
+    shelf: ReplicaShelf,
+    finish: Finish | None = None,
 ) -> str | None:
     """Read the replica into `header` and the mapping; None if it is owner's `step` whole, else why not.
 
@@ -167,6 +253,8 @@ def _fill_and_check(
         with memoryview(mm) as view:
             payload = view[HEADER_BYTES:nbytes]
             read(payload)
+            if finish is not None and (bad := finish()) is not None:
+                return bad
             h, why = parse_header(header)
             if h is None:
                 return f"header: {why}"

@@ -238,6 +238,10 @@ def _truncate_behind_the_manifests_back(ckpt: Path) -> None:
         fh.truncate(shard.stat().st_size // 2)
     manifest = json.loads((ckpt / layout.MANIFEST).read_text())
     manifest["files"].update(layout.describe_files(ckpt, [shard.name]))
+    from trainer.security.keys import checkpoint_key
+    from trainer.security.mac import sign
+
+    manifest = sign(manifest, checkpoint_key(ckpt.parent), layout.MANIFEST_DOMAIN)  # the writer has the key
     (ckpt / layout.MANIFEST).write_text(json.dumps(manifest))
 
 
@@ -268,7 +272,10 @@ def test_a_load_that_fails_half_way_leaves_the_fresh_state_bitwise(tmp_path: Pat
 
 # ----------------------------------------------------------------------------------- 4: abort
 def _writer_files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    """Files under `root` but the directory's lease (trainer/checkpoint/lease.py: not a writer's)."""
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != ".lease.json"
+    )
 
 
 def test_torch_async_writer_writes_nothing_after_abort(
@@ -362,7 +369,7 @@ def _assert_next_save_commits(root: Path, state: dict[str, Any], mode: str, mesh
     finally:
         mgr.close()
     assert _committed(root) == ["step_00000001"]
-    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+    assert not [p for p in root.iterdir() if p.name.startswith(".") and p.name != ".lease.json"]
     fresh = _objects(mesh, seed=4)
     mgr = _manager(root)
     try:

@@ -64,43 +64,55 @@ def _file(store: SnapshotStore, step: int) -> tuple[Path, int]:
     return path, path.stat().st_size
 
 
+KEY = b"k" * 32
+
+
+def _put_raw(address: tuple[str, int], step: int, payload: bytes, nbytes: int) -> socket.socket:
+    """An authenticated PUT of rank 1 whose payload bytes are `payload` (cut short or damaged)."""
+    msg, _ = replica_net._request(replica_net.PUT, 1, 1, step, nbytes, KEY)
+    mac = replica_net._mac(KEY, msg[: replica_net._REQUEST.size])
+    mac.update(payload)
+    sock = socket.create_connection(address)
+    sock.sendall(msg + payload + (mac.digest() if len(payload) == nbytes else b""))
+    return sock
+
+
 def test_put_and_get_move_a_verified_replica_and_refuse_a_damaged_one(tmp_path: Path) -> None:
     holder = ReplicaShelf(tmp_path / "holder", world_size=2, fingerprint="run")
-    server = replica_net.ReplicaServer(holder, "127.0.0.1")
+    server = replica_net.ReplicaServer(holder, "127.0.0.1", key=KEY)
     try:
         owner = _owner_store(tmp_path, step=3, seed=0)
         path, nbytes = _file(owner, 3)
-        replica_net.put(server.address, 1, 3, path, nbytes)
+        replica_net.put(server.address, 1, 3, path, nbytes, key=KEY)
         assert [(h.owner, h.step) for h in holder.held()] == [(1, 3)]
         assert holder.path(1, 0).read_bytes() == path.read_bytes()  # a byte-for-byte copy
 
         # a transfer cut short (the owner died mid-send) is refused; the replica of step 3 stays
-        with socket.create_connection(server.address) as sock:
-            sock.sendall(replica_net._REQUEST.pack(replica_net.PROTOCOL, replica_net.PUT, 1, 4, nbytes))
-            sock.sendall(path.read_bytes()[: nbytes // 2])
+        with _put_raw(server.address, 4, path.read_bytes()[: nbytes // 2], nbytes):
+            pass
         owner.write(4, build_save_dict({"model": torch.nn.Linear(64, 64)}, 1))
         owner.wait()
         # a payload that does not match its header's checksum (flipped in transit) is refused too
         bad = bytearray(_file(owner, 4)[0].read_bytes())
         bad[HEADER_BYTES + 10] ^= 0xFF
-        with socket.create_connection(server.address) as sock:
-            sock.sendall(replica_net._REQUEST.pack(replica_net.PROTOCOL, replica_net.PUT, 1, 4, len(bad)))
-            sock.sendall(bad)
-            with pytest.raises(replica_net.ReplicaError, match="checksum"):
-                replica_net._check_reply(sock)
+        with (
+            _put_raw(server.address, 4, bytes(bad), len(bad)) as sock,
+            pytest.raises(replica_net.ReplicaError, match="checksum"),
+        ):
+            replica_net._check_reply(sock, KEY, b"")
         assert [(h.owner, h.step) for h in holder.held()] == [(1, 3)]
         path4, n4 = _file(owner, 4)
-        replica_net.put(server.address, 1, 4, path4, n4)
+        replica_net.put(server.address, 1, 4, path4, n4, key=KEY)
         assert [(h.owner, h.step) for h in holder.held()] == [(1, 4), (1, 3)]
 
         # GET: a replaced node pulls its replica back, verified on arrival
         pulled = ReplicaShelf(tmp_path / "pulled", world_size=2, fingerprint="run")
-        replica_net.get(server.address, 1, 3, pulled)
+        replica_net.get(server.address, 1, 3, pulled, key=KEY)
         reader = pulled.reader(1)
         assert [o.header.step for o in reader.offers()[0]] == [3]
         reader.close()
         with pytest.raises(replica_net.ReplicaError, match="no verified replica of rank 1 step 9"):
-            replica_net.get(server.address, 1, 9, pulled)
+            replica_net.get(server.address, 1, 9, pulled, key=KEY)
 
         # a replica damaged in the holder's memory is no longer offered, and no longer served
         newest = holder.find(1, 4)
@@ -110,7 +122,7 @@ def test_put_and_get_move_a_verified_replica_and_refuse_a_damaged_one(tmp_path: 
             fh.write(b"\x00\x01\x02\x03")
         assert [(h.owner, h.step) for h in holder.held()] == [(1, 3)]
         with pytest.raises(replica_net.ReplicaError, match="no verified replica"):
-            replica_net.get(server.address, 1, 4, pulled)
+            replica_net.get(server.address, 1, 4, pulled, key=KEY)
         owner.close()
     finally:
         server.close()
