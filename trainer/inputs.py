@@ -35,7 +35,7 @@ TOKEN_FILE_MAX_BYTES = 1 << 44  # 16 TiB: far above any token file, far below wh
 
 
 def _error(field: str, why: str) -> UnrecoverableError:
-    from trainer.config import ConfigError  # config imports the model; this module stays light
+    from trainer.settings import ConfigError  # light: no model, no torch
 
     return ConfigError(field, why)
 

@@ -19,7 +19,7 @@ from trainer.config import TrainConfig, make_parser
 from trainer.settings import declared
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
 
 # One non-default value per row, by field: set through the table, read back from the TrainConfig the
