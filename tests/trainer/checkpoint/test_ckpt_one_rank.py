@@ -48,15 +48,16 @@ def _committed(root: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"interval_steps": 0}, "interval_steps"),
-        ({"keep_latest": 0}, "keep_latest"),
-        ({"mode": "fast"}, "mode"),
-        ({"write_timeout_s": 0}, "write_timeout_s"),
-        ({"local_dir": "ckpt"}, "local_dir"),
+        ({"interval_steps": 0}, "ckpt_interval"),
+        ({"keep_latest": 0}, "ckpt_keep"),
+        ({"mode": "fast"}, "ckpt_mode"),
+        ({"write_timeout_s": 0}, "ckpt_write_timeout"),
+        ({"local_dir": "ckpt"}, "ckpt_local_dir"),
     ],
 )
-def test_bad_config_names_the_field(kwargs: dict[str, Any], field: str) -> None:
-    with pytest.raises(ValueError, match=rf"^{field}:"):
+def test_bad_config_names_the_option(kwargs: dict[str, Any], field: str) -> None:
+    """Constructed in code or from flags, a bad field is named by the option a user writes."""
+    with pytest.raises(ValueError, match=rf"^config error: {field}:"):
         CheckpointConfig(dir=Path("ckpt"), **kwargs)
 
 
