@@ -6,17 +6,19 @@ PyYAML's safe_load (imported only when ``--teams`` is given); the planner never 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+from goodput.inputs import NODE_LOSS_MTTR_S
 from goodput.model import PlanError
 from sizing import SizingResult, size
 from sizing.teamfile import TeamSizingError, find_team, team_inputs
 
 # The default tiers' MTTRs (goodput/inputs.py) hold an assumed 60 s durable-checkpoint read: a peer tier
-# whose replica is lost (180 s + 60 s) and a job restart (840 s of scheduling, image pull and start-up +
-# 60 s). With a team's sizing the read is the team's own reload time.
-PEER_MTTR_S = 180.0
+# whose replica is lost (the node-loss MTTR of goodput/node_loss.py + 60 s) and a job restart (840 s of
+# scheduling, image pull and start-up + 60 s). With a team's sizing the read is the team's own reload time.
+PEER_MTTR_S = float(NODE_LOSS_MTTR_S)
 JOB_RESTART_WITHOUT_LOAD_S = 840.0
 
 
@@ -42,7 +44,7 @@ def team_tiers(default_tiers: tuple[str, ...], reload_s: float) -> tuple[str, ..
     for spec in default_tiers:
         name = spec.split(":", 1)[0]
         if name == "node-loss":
-            spec = spec.replace("fallback-mttr=240", f"fallback-mttr={PEER_MTTR_S + reload_s!r}")
+            spec = re.sub(r"fallback-mttr=[0-9.]+", f"fallback-mttr={PEER_MTTR_S + reload_s!r}", spec)
         elif name == "job-restart":
             spec = spec.replace("mttr=900", f"mttr={JOB_RESTART_WITHOUT_LOAD_S + reload_s!r}")
         out.append(spec)

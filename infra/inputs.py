@@ -239,7 +239,7 @@ def check_yaml_events(text: str, loader: Any, source: str) -> None:
             aliased += count
         elif isinstance(event, yaml.ScalarEvent):
             too_long = len(event.value) > MAX_INT_DIGITS + 3  # room for a sign and 0x
-            if event.style is None and too_long and _INT_LIKE.fullmatch(event.value):
+            if not event.style and too_long and _INT_LIKE.fullmatch(event.value):  # plain: None or ""
                 raise InputError(
                     f"{source}: line {line}: the number {event.value[:20]}... has {len(event.value)} "
                     f"characters; no field takes more than {MAX_INT_DIGITS} digits"

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from goodput.cli import main
+from goodput.inputs import NODE_LOSS_MTTR_S
 from sizing import size
 from sizing.teamfile import find_team, team_inputs
 from tests.helpers import REPO_ROOT
@@ -36,7 +37,7 @@ def test_the_plan_is_the_teams_own(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["snapshots"]["step_s"] == 2.0
     tiers = {t["name"]: t for t in plan["tiers"]}
     assert tiers["job-restart"]["mttr_s"] == pytest.approx(840 + sizing.reload_s)
-    assert tiers["node-loss"]["fallback_mttr_s"] == pytest.approx(180 + sizing.reload_s)
+    assert tiers["node-loss"]["fallback_mttr_s"] == pytest.approx(NODE_LOSS_MTTR_S + sizing.reload_s)
     assert out["team"]["name"] == "ml-research"
     assert out["team"]["sizing"]["reload_s"] == pytest.approx(sizing.reload_s)
 
