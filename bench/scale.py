@@ -15,7 +15,8 @@ issues per round, and the real exporter reads synthetic event files in the train
   keys, set(round_done). Measured: the join phase (all N nodes concurrently), the host's close, the
   operations the store serves. The polls' sleeps (0.1 s by the host and by every node) are constants of
   the code, added in the model, not slept here.
-- liveness: one poll of the node beats (trainer/resilience/liveness.py): N launchers' LauncherBeat set,
+- liveness: one poll of the node beats (trainer/launcher/beat.py, resilience/liveness.py): N launchers'
+  LauncherBeat set,
   the two watchers' real RoundWatch.check (check+get of N keys each), and every rank's check of the
   verdict key. Measured: a watcher's poll (its detection granularity) and the store's operations.
 - restore agreement (trainer/snapshot/restore.py): the all_gather row per rank and what each rank then
@@ -193,7 +194,8 @@ def rendezvous_round(nodes: int) -> dict[str, Any]:
 
 def liveness_poll(nodes: int) -> dict[str, Any]:
     """One poll of the node beats of a round of `nodes` nodes (module doc), with the real classes."""
-    from trainer.resilience.liveness import WATCHER_NODES, LauncherBeat, RoundWatch
+    from trainer.launcher.beat import LauncherBeat
+    from trainer.resilience.liveness import WATCHER_NODES, RoundWatch
 
     _server, port = _store_server()  # kept referenced: the store lives as long as the measurement
     connections = iter(_clients(port, nodes))
