@@ -30,6 +30,7 @@ from goodput import predict_from_summary
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import active_at, role_changes, takeover_after
+from tools.podcommand import LOCAL_KEY_FILES
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
 from tools.ports import free_port
 from tools.recovery_phases import describe, launcher_events, phases, warm_starts
@@ -135,10 +136,7 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
         "HOME": str(out / f"scratch-node{index}"),
         # The pod's memory-backed /dev/shm: one per pod, and empty in a replacement pod (see run_pods).
         "SNAPSHOT_DIR": str(out / f"shm-pod{index}" / "trainer-snapshots"),
-        # The key Secrets are not mounted here: empty, the trainer uses its local fallbacks (docs/design.md
-        # Contract 5: a replica key from the restore agreement, a checkpoint key beside the checkpoints).
-        "TRAINER_REPLICA_KEY_FILE": "",
-        "TRAINER_CKPT_KEY_FILE": "",
+        **LOCAL_KEY_FILES,  # no key Secrets here: the trainer's local fallbacks
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job

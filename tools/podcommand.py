@@ -39,6 +39,11 @@ class RenderError(RuntimeError):
     """helm could not render the chart with these values (its stderr is the message)."""
 
 
+# The chart's key files name Secrets mounted in the pod; a local run has none and uses the trainer's local
+# fallbacks (a replica key from the restore agreement, a checkpoint key beside the checkpoints).
+LOCAL_KEY_FILES = {"TRAINER_REPLICA_KEY_FILE": "", "TRAINER_CKPT_KEY_FILE": ""}
+
+
 @dataclass(frozen=True)
 class LocalPlaces:
     """Where a local run keeps what a pod keeps on the cluster (the env entries Contract 2 names)."""
@@ -65,6 +70,9 @@ class LocalPlaces:
             # The pod's memory-backed /dev/shm on the cluster; one folder per run here, so runs never
             # see each other's snapshots.
             "SNAPSHOT_DIR": str(self.snapshot_dir or out.parent / f"{out.name}-shm"),
+            # The key Secrets the chart mounts (docs/design.md Contract 5) are not here: empty, the trainer
+            # uses its local fallbacks.
+            **LOCAL_KEY_FILES,
         }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -16,9 +17,11 @@ JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 
 
 def helm(*args: str, values: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run helm with `args`; `values` go in as a values file (so numbers keep their YAML types)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as vf:
-        yaml.safe_dump(values or {}, vf)
+    """Run helm with `args`; `values` go in as a values file written as JSON (a YAML subset): every value
+    reaches helm with its Python type, where PyYAML would leave a string like `0e0` unquoted and helm's
+    YAML 1.2 parser would read it as a number."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", encoding="utf-8") as vf:
+        json.dump(values or {}, vf, allow_nan=False, ensure_ascii=False)  # Go reads no surrogate-pair escapes
         vf.flush()
         return subprocess.run(
             [str(HELM), *args, "-f", vf.name], capture_output=True, text=True, timeout=60, check=False

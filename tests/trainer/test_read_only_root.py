@@ -24,6 +24,7 @@ import yaml
 
 from tests.chart.helm import render
 from tests.helpers import REPO_ROOT, free_port
+from tools.podcommand import LOCAL_KEY_FILES
 from tools.podspec import Container, trainer_pod
 
 pytestmark = pytest.mark.slow
@@ -92,6 +93,7 @@ def test_the_pod_command_runs_on_a_read_only_root(sandbox: Path) -> None:
         "LOCAL_CHECKPOINT_DIR": str(nvme / "checkpoints" / "ro"),
         "OUT_DIR": str(fsx / "runs" / "ro"),
         "HOME": str(scratch),
+        **LOCAL_KEY_FILES,
     }
     base_env = {
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

@@ -140,14 +140,19 @@ def test_a_stalled_put_blocks_nobody_and_a_failed_one_leaves_nothing(tmp_path: P
         time.sleep(0.05)
     assert _leftovers(shelf) == []
 
-    # a PUT cut off mid-payload: refused, no file left, the replicas held stay
+    # a PUT cut off mid-payload: refused, no file left, the newest replica held stays. (The older one,
+    # step 5, may be gone: a transfer that reaches the shelf frees the slot it will replace first, so a
+    # holder never needs room for three replicas of one owner; whether this one got that far depends on
+    # when the server reads the header of a connection that closes.)
     msg, _ = replica_net._request(replica_net.PUT, 0, 0, 8, nbytes, KEY)
     with socket.create_connection(server.address) as sock:
         sock.sendall(msg + path.read_bytes()[: nbytes // 2])
     deadline = time.monotonic() + 5
     while _leftovers(shelf) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _leftovers(shelf) == [] and [(h.owner, h.step) for h in shelf.held()] == [(0, 7), (0, 5)]
+    assert _leftovers(shelf) == []
+    held = [(h.owner, h.step) for h in shelf.held()]
+    assert held[0] == (0, 7) and (0, 8) not in held and set(held) <= {(0, 7), (0, 5)}
     store.close()
 
 
