@@ -3,6 +3,8 @@ Importable helpers live in tests/helpers.py; nothing imports a conftest."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,18 @@ def helm_bin() -> Path:
 def cdk_cli() -> Path:
     """The CDK CLI (node_modules/.bin/cdk)."""
     return require_tool(CDK, "the CDK CLI")
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the code under test blocks or runs away: a FIFO read, an
+    alias bomb walked. 10 s of wall time, by SIGALRM in the main thread."""
+
+    def timed_out(*_: object) -> None:
+        raise TimeoutError("the check blocked or ran away")
+
+    old = signal.signal(signal.SIGALRM, timed_out)
+    signal.alarm(10)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

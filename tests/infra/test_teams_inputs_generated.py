@@ -14,10 +14,8 @@ import copy
 import ipaddress
 import os
 import re
-import signal
 import string
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,18 +201,6 @@ def test_s3_paths_with_dot_or_empty_segments_refused(segments: list[str], traili
 
 
 # ---- the file ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def alarm() -> Iterator[None]:
-    def timed_out(*_: object) -> None:
-        raise TimeoutError("the teams check blocked or ran away")
-
-    old = signal.signal(signal.SIGALRM, timed_out)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def file_outcome(path: Path) -> str | list[Any]:

@@ -9,9 +9,7 @@ that are not regular files, change while checked or hold random bytes, symlink l
 from __future__ import annotations
 
 import os
-import signal
 import string
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -43,20 +41,6 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainer.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 20_000, VOCAB, seed=1)
-
-
-@pytest.fixture
-def alarm() -> Iterator[None]:
-    """Fail (instead of hanging the suite) if a check blocks: the FIFO class."""
-
-    def timed_out(*_: object) -> None:
-        raise TimeoutError("the check blocked")
-
-    old = signal.signal(signal.SIGALRM, timed_out)
-    signal.alarm(10)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
 
 
 def one_line(err: str, field: str) -> str:
