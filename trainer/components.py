@@ -16,6 +16,7 @@ field. Stdlib only: the harnesses (tools/, bench/) import this to build chart va
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,23 @@ from trainer.faults import FAULT_KINDS, FaultSpec
 from trainer.resilience.timeouts import Timeouts
 from trainer.settings import ChartRow, ConfigError, chart_rows, check, setting
 from trainer.snapshot.config import SnapshotConfig
+
+REFERENCE_ENTRYPOINT = "trainer.reference:train"
+"""The entry point `python -m trainer` runs by default: the reference Llama-style model, one API user."""
+ENTRYPOINT_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?")
+"""`package.module` or `package.module:function`: ASCII identifiers only (the chart's schema agrees)."""
+ENTRYPOINT_MAX = 200
+
+
+def check_entrypoint(value: object) -> None:
+    """One line naming the field for anything that is not `module[:function]` (checked before import)."""
+    if not isinstance(value, str) or not ENTRYPOINT_PATTERN.fullmatch(value) or len(value) > ENTRYPOINT_MAX:
+        raise ConfigError(
+            "entrypoint",
+            f"must be module or module:function (ASCII identifiers, at most {ENTRYPOINT_MAX} characters), "
+            f"got {value!r:.80}",
+        )
+
 
 Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -67,10 +85,32 @@ class RunConfig:
     )
     """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
     this many times in a row: a deterministic bug, not a transient fault."""
+    entrypoint: str = setting(
+        "--entrypoint",
+        "the training function, module:function (a bare module means module:train); "
+        "arguments after -- go to it untouched",
+        default=REFERENCE_ENTRYPOINT,
+        chart="entrypoint",
+    )
+    """The team's training function (trainer/api): called with a `Job` once per attempt."""
+    entry_args: tuple[str, ...] = setting(
+        None, "the arguments after --, for the entry point", factory=tuple, kind=tuple
+    )
+    """Derived from the command line: everything after `--`, handed to the entry point as `job.args`."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
+        object.__setattr__(self, "entry_args", tuple(self.entry_args))
         check(self)
+        check_entrypoint(self.entrypoint)
+        for i, arg in enumerate(self.entry_args):
+            if not isinstance(arg, str) or "\0" in arg:
+                raise ConfigError("entry_args", f"argument {i} must be a string without NUL, got {arg!r:.60}")
+
+    @property
+    def reference(self) -> bool:
+        """True when the entry point is the project's own reference model (`python -m trainer`)."""
+        return self.entrypoint in (REFERENCE_ENTRYPOINT, REFERENCE_ENTRYPOINT.partition(":")[0])
 
 
 @dataclass(frozen=True)
@@ -103,10 +143,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
-        if not _is_file(self.path):
-            raise ConfigError(
-                "data_path", f"{self.path} is not a file (write one with python -m trainer.data)"
-            )
+        if not _exists(self.path):  # the reference model needs a file (TrainConfig); a team's may be a folder
+            raise ConfigError("data_path", f"{self.path} does not exist (write one with python -m trainer.data)")
         check(self)
 
 
@@ -190,3 +228,17 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:  # e.g. a name longer than the file system allows
         return False
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:
+        return False
+
+
+def data_file_error(path: Path) -> ConfigError | None:
+    """The reference model's data is one token file: the error for anything else, or None."""
+    if _is_file(path):
+        return None
+    return ConfigError("data_path", f"{path} is not a file (write one with python -m trainer.data)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from trainer.components import (
     MetricsConfig,
     ModelOptions,
     RunConfig,
+    data_file_error,
 )
 from trainer.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
 from trainer.flags import FlagParser
@@ -65,6 +67,10 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field. Touches no process group."""
+        if self.run.reference:
+            bad_data = data_file_error(self.data.path)
+            if bad_data is not None:
+                raise bad_data
         preset = self.model.preset
         if preset not in PRESETS:
             raise ConfigError("preset", f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -146,11 +152,23 @@ def make_parser() -> argparse.ArgumentParser:
     return p
 
 
+def split_entry_args(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    """(the trainer's options, the entry point's arguments): everything after the first `--` is the
+    team's, passed through untouched (never parsed as a trainer option)."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, ()
+    cut = argv.index("--")
+    return argv[:cut], tuple(argv[cut + 1 :])
+
+
 def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> TrainConfig:
     """Parse argv (and TRAINER_FAULTS from env) into a validated TrainConfig; raise ConfigError."""
+    argv, entry_args = split_entry_args(sys.argv[1:] if argv is None else argv)
     args = make_parser().parse_args(argv)
     env = dict(os.environ) if env is None else env
     values = {name: parsed(args, name, cls) for name, cls in COMPONENTS.items()}
+    values["run"]["entry_args"] = entry_args
     texts = list(values["faults"]["specs"])
     texts += [t.strip() for t in env.get("TRAINER_FAULTS", "").split(";") if t.strip()]
     faults = []

@@ -176,12 +176,13 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     check_env(env)
     check_seconds(cfg)
     world = world_from_env(env)
-    check_token_file(
-        cfg.data.path,
-        vocab_size=cfg.arch.vocab_size,
-        seq_len=cfg.data.seq_len,
-        world_size=world.world_size or 1,
-    )
+    if cfg.run.reference:  # a team's entry point checks its own data (trainer/api: `checked_by`)
+        check_token_file(
+            cfg.data.path,
+            vocab_size=cfg.arch.vocab_size,
+            seq_len=cfg.data.seq_len,
+            world_size=world.world_size or 1,
+        )
     check_dirs(cfg)
     check_fault_targets(cfg, world)
     check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
