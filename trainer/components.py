@@ -30,7 +30,9 @@ from trainer.snapshot.config import SnapshotConfig
 
 REFERENCE_ENTRYPOINT = "trainer.reference:train"
 """The entry point `python -m trainer` runs by default: the reference Llama-style model, one API user."""
-ENTRYPOINT_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?")
+ENTRYPOINT_PATTERN = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*(:[A-Za-z_][A-Za-z0-9_]*)?"
+)
 """`package.module` or `package.module:function`: ASCII identifiers only (the chart's schema agrees)."""
 ENTRYPOINT_MAX = 200
 
@@ -144,7 +146,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", Path(self.path))
         if not _exists(self.path):  # the reference model needs a file (TrainConfig); a team's may be a folder
-            raise ConfigError("data_path", f"{self.path} does not exist (write one with python -m trainer.data)")
+            raise ConfigError(
+                "data_path", f"{self.path} does not exist (write one with python -m trainer.data)"
+            )
         check(self)
 
 

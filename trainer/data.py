@@ -164,6 +164,12 @@ class BatchCursor:
         self.step += 1
         return batch
 
+    def __iter__(self) -> BatchCursor:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.next_batch()
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "step": self.step,

@@ -1,11 +1,12 @@
 """Start-up checks that need the file system and the environment but no process group.
 
-`TrainConfig.validate` checks values; this checks what the values point at: the token file fits the
-model and the world size, the output and checkpoint directories are directories this process can write,
-every fault names a rank and node that exist, and the metrics port is free and no store's port. It runs in
-`--check-config` (the pod's init container, where a failure exits 2 and the Job fails at once) and again
-at every worker's start-up (where it exits 93, ft_launcher's no-restart code), so a mistake costs one
-start, not a restart storm. Each failure is a ConfigError naming the field.
+`TrainConfig.validate` checks values; this checks what the values point at: the entry point's own inputs
+(for the reference model: the token file fits the model and the world size), the output and checkpoint
+directories are directories this process can write, every fault names a rank and node that exist, and the
+metrics port is free and no store's port. It runs in `--check-config` (the pod's init container, where a
+failure exits 2 and the Job fails at once) and again at every worker's start-up (where it exits 93,
+ft_launcher's no-restart code), so a mistake costs one start, not a restart storm. Each failure is a
+ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import errno
 import os
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -166,8 +167,17 @@ def open_metrics_server(out_dir: Path, port: int, *, rank: int, local_rank: int)
         raise ConfigError("metrics_port", _bind_error(port, exc)) from None
 
 
-def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_config: bool) -> World:
+def preflight(
+    cfg: TrainConfig,
+    env: Mapping[str, str] | None = None,
+    *,
+    check_config: bool,
+    entry_check: Callable[[TrainConfig, World], None] | None = None,
+) -> World:
     """Run every check that needs no process group; raise ConfigError naming the field.
+
+    `entry_check`: the entry point's own check of its inputs (the reference model's is
+    `check_token_data`), run after the environment's and before the directories'.
 
     `check_config`: in the init container every pod tries to bind the metrics port; at start-up only
     local rank 0 does (it serves the node's endpoint; another local rank would race with it).
@@ -176,14 +186,19 @@ def preflight(cfg: TrainConfig, env: Mapping[str, str] | None = None, *, check_c
     check_env(env)
     check_seconds(cfg)
     world = world_from_env(env)
-    if cfg.run.reference:  # a team's entry point checks its own data (trainer/api: `checked_by`)
-        check_token_file(
-            cfg.data.path,
-            vocab_size=cfg.arch.vocab_size,
-            seq_len=cfg.data.seq_len,
-            world_size=world.world_size or 1,
-        )
+    if entry_check is not None:  # the entry point's own inputs (trainer.api.checked_by)
+        entry_check(cfg, world)
     check_dirs(cfg)
     check_fault_targets(cfg, world)
     check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
     return world
+
+
+def check_token_data(cfg: TrainConfig, world: World) -> None:
+    """The reference model's data: the token file fits the preset's vocabulary and the world size."""
+    check_token_file(
+        cfg.data.path,
+        vocab_size=cfg.arch.vocab_size,
+        seq_len=cfg.data.seq_len,
+        world_size=world.world_size or 1,
+    )

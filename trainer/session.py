@@ -1,7 +1,7 @@
-"""One (re)start's distributed objects: where this process sits in the job, the trainer's own state, and
-the `Session` that builds the process group, FSDP2 model, optimizer and checkpoint loop and tears them
-all down at once (see trainer/resilience/inprocess.py for why the teardown is what makes gloo recovery
-fast).
+"""One (re)start's distributed objects: where this process sits in the job, and the `Session` that builds
+the process group, mesh and checkpoint loop, holds what the training function built (FSDP2 model,
+optimizer, state) and tears them all down at once (see trainer/resilience/inprocess.py for why the
+teardown is what makes gloo recovery fast).
 """
 
 from __future__ import annotations
@@ -16,14 +16,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.config import TrainConfig
-from trainer.data import BatchCursor, TokenDataset
 from trainer.faults import FaultInjector
 from trainer.metrics import EventLog
-from trainer.model import build_model
 
 log = logging.getLogger(__name__)
 
@@ -50,22 +47,6 @@ class ProcessInfo:
         )
 
 
-class TrainerState(Stateful):
-    """What the checkpoint holds besides model and optimizer: last step done, data cursor, RNG."""
-
-    def __init__(self, cursor: BatchCursor) -> None:
-        self.step = -1
-        self.cursor = cursor
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "data": self.cursor.state_dict(), "rng": torch.get_rng_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        self.cursor.load_state_dict(state["data"])
-        torch.set_rng_state(state["rng"])
-
-
 def select_device(cfg: TrainConfig, local_rank: int) -> torch.device:
     if cfg.run.device == "cuda" or (cfg.run.device == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(local_rank)
@@ -85,8 +66,13 @@ class Session:
         self.model: torch.nn.Module | None = None
         self.optim: torch.optim.Optimizer | None = None
         self.ckpt: Any = None
-        self.trainer: TrainerState | None = None
+        self.trainer: Any = None
+        """The loop's own state (trainer/api/job.py LoopState): last step, data position, RNG."""
+        self.entries: dict[str, Any] = {}
         self.mesh: Any = None
+        self.extra_meshes: list[Any] = []
+        self.device: torch.device | None = None
+        self.known_groups: set[int] = set()
 
     def open(
         self,
@@ -98,12 +84,14 @@ class Session:
         device: torch.device,
         progress: Callable[[], None] | None = None,
     ) -> None:
-        """Process group on a fresh store prefix, FSDP2 model, optimizer, checkpoint manager, restore.
+        """Process group on a fresh store prefix, the 1-D mesh, the checkpoint manager and loop.
 
+        The training function builds the model, optimizer and data and hands them over in `attach`.
         `progress` is called between the rounds of a blocking checkpoint wait (the trainer pings the
         in-process Wrapper from it: a long final write must not look like a hung rank)."""
         from datetime import timedelta
 
+        from trainer.api.misuse import process_groups
         from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
 
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -115,18 +103,8 @@ class Session:
             timeout=timedelta(seconds=cfg.timeouts.collective_timeout),
             device_id=device if device.type == "cuda" else None,
         )
+        self.device = device
         self.mesh = init_device_mesh(device.type, (proc.world_size,))
-        self.model = build_model(cfg.arch, mesh=self.mesh, device=device, seed=cfg.run.seed)
-        self.optim = torch.optim.AdamW(self.model.parameters(), lr=cfg.run.lr)
-        cursor = BatchCursor(
-            TokenDataset(cfg.data.path),
-            cfg.data.seq_len,
-            cfg.data.micro_batch_size,
-            proc.rank,
-            proc.world_size,
-            cfg.run.seed,
-        )
-        self.trainer = TrainerState(cursor)
         manager = CheckpointManager(
             cfg.ckpt,
             rank=proc.rank,
@@ -137,9 +115,26 @@ class Session:
             events=events,
         )
         self.ckpt = CheckpointLoop(manager, cfg.ckpt, events, rank=proc.rank, last_step=cfg.run.steps - 1)
+        self.known_groups = process_groups()
+
+    def extra_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+        """A DeviceMesh of more dimensions, known to the teardown (`job.device_mesh`)."""
+        from trainer.api.misuse import process_groups
+
+        assert self.device is not None
+        mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
+        self.extra_meshes.append(mesh)
+        self.known_groups |= process_groups()
+        return mesh
+
+    def attach(
+        self, model: torch.nn.Module, optim: torch.optim.Optimizer, trainer: Any, entries: dict[str, Any]
+    ) -> None:
+        """What the training function built (trainer/api/job.py `Job.loop`), for the digest and teardown."""
+        self.model, self.optim, self.trainer, self.entries = model, optim, trainer, entries
 
     def state(self) -> dict[str, Any]:
-        return {"model": self.model, "optim": self.optim, "trainer": self.trainer}
+        return self.entries
 
     def teardown(self) -> None:
         """Close the checkpoint manager, drop every reference, destroy the process group. Idempotent."""
@@ -153,9 +148,11 @@ class Session:
             t1 = time.perf_counter()
             from trainer.resilience.inprocess import destroy_all_process_groups, release_mesh_groups
 
-            if self.mesh is not None:
-                release_mesh_groups(self.mesh)
+            for mesh in (self.mesh, *self.extra_meshes):
+                if mesh is not None:
+                    release_mesh_groups(mesh)
             self.model = self.optim = self.ckpt = self.trainer = self.mesh = None
+            self.entries, self.extra_meshes = {}, []
             # The collection in there matters: FSDP hooks form reference cycles, and the group (with
             # its sockets) dies only when they are collected.
             destroy_all_process_groups(collect=True)

@@ -1,10 +1,11 @@
-"""The entry point and the tier-1/tier-2 orchestration: `main(cfg)` runs once per process.
+"""The entry point and the tier-1/tier-2 orchestration: `main(cfg, train)` runs once per process.
 
 With tier 1 on, `Trainer.run_iteration` runs under the NVRx Wrapper and is re-run in the same process
 after a fault; everything distributed is built inside it, held by one `Session` (trainer/session.py), and
-torn down before an exception leaves it. The steps themselves are trainer/steploop.py; the final state
-digest trainer/state_hash.py; what an exception that left an attempt becomes, trainer/failures.py and
-the branches of `main` below (exit 93, exit 1 for tier 2, re-raise for the launcher).
+torn down before an exception leaves it. The attempt itself is the entry point's training function, called
+with a `Job` (trainer/api/job.py); the final state digest trainer/state_hash.py; what an exception that
+left an attempt becomes, trainer/failures.py and the branches of `main` below (exit 93, exit 1 for tier 2,
+re-raise for the launcher).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainer.api.entry import TrainFn
+from trainer.api.job import Job, ping
+from trainer.api.misuse import Misuse
 from trainer.children import kill_children
 from trainer.config import TrainConfig
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
@@ -31,7 +35,6 @@ from trainer.resilience.timeouts import trainer_ports
 from trainer.session import ProcessInfo, Session, select_device
 from trainer.snapshot.manager import Snapshots
 from trainer.state_hash import state_sha256
-from trainer.steploop import ping, train_steps
 from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
@@ -40,8 +43,11 @@ log = logging.getLogger(__name__)
 class Trainer:
     """Per-process state that outlives in-process restarts: config, events, faults, heartbeat, stores."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, train: TrainFn) -> None:
         self.cfg = cfg
+        self.train = train
+        """The entry point's training function (trainer/api), called with a `Job` once per attempt."""
+        self.job: Job | None = None
         self.proc = ProcessInfo.from_env()
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
@@ -109,18 +115,27 @@ class Trainer:
                 self.device,
                 progress=lambda: ping(call_wrapper),
             )
-            self.last_step = train_steps(
+            job = Job(
                 self.cfg,
                 self.proc,
                 session,
-                self.events,
-                self.faults,
-                self.heartbeat,
-                call_wrapper,
-                self.snapshots,
+                events=self.events,
+                faults=self.faults,
+                heartbeat=self.heartbeat,
+                call_wrapper=call_wrapper,
+                snapshots=self.snapshots,
             )
+            self.job = job
+            self.train(job)
+            self.last_step = job.last_step
+            if not job.finished:
+                raise Misuse(
+                    "entrypoint",
+                    f"{self.cfg.run.entrypoint} returned before job.loop ran its last step "
+                    f"({job.last_step} of {self.cfg.run.steps}): iterate job.loop(...) to its end",
+                )
             assert session.model is not None and session.optim is not None
-            digest = state_sha256(session.model, session.optim)
+            digest = state_sha256(session.model, session.optim, job.entries)
             ping(call_wrapper)  # the full-state gather and hash may take long on a big model
             self.events.emit(
                 "run_end",
@@ -134,6 +149,7 @@ class Trainer:
                 write_summary(self.cfg.run.out_dir)
             self.snapshots.finish()
             ping(call_wrapper)
+            self.job = None
             session.teardown()
             return digest
         except BaseException as exc:
@@ -142,6 +158,9 @@ class Trainer:
             self.caught = (time.time(), one_line(exc))
             self.heartbeat.pause()  # the static hang timeout covers the restart, not the measured one
             self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
+            if self.job is not None:
+                self.last_step = max(self.last_step, self.job.last_step)
+            self.job = None  # the Job holds the session: nothing may keep the process group alive
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.
             drop_frames(exc)
@@ -211,10 +230,10 @@ def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | No
     return None
 
 
-def main(cfg: TrainConfig) -> int:
-    """Run the whole training of this process; returns the exit status."""
+def main(cfg: TrainConfig, train: TrainFn) -> int:
+    """Run the whole training of this process (`train` once per attempt); returns the exit status."""
     _standalone_env()
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, train)
     # Everything imported so far (torch, NVRx: ~10^6 objects) lives as long as the process. Freezing it
     # takes it out of every later collection, and a teardown's gc.collect() (which is what lets gloo
     # close its sockets, and which the Wrapper repeats between iterations) gets several times cheaper.

@@ -153,5 +153,7 @@ def fingerprint_of(cfg: TrainConfig) -> str:
             "lr": cfg.run.lr,
             "seed": cfg.run.seed,
             "ckpt_dir": str(cfg.ckpt.dir.resolve()),
+            "entrypoint": cfg.run.entrypoint,
+            "entry_args": list(cfg.run.entry_args),
         }
     )
