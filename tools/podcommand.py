@@ -7,6 +7,9 @@ its ``$(VAR)`` references the way the kubelet does, with the env entries that na
 (rendezvous endpoint, data, checkpoint and output paths) swapped for local ones; ``ft_launcher`` and
 ``python`` come from this virtualenv.
 ``trainer_argv`` is the part after the launcher (``-m trainer ...``), for runs under torchrun or alone.
+Both end with the entry point's own arguments when the values set ``entrypointArgs``: ``--`` and each
+argument exactly as written (the chart doubles every ``$`` so that the kubelet's expansion, and
+``expand`` here, give the written text back; a ``$(VAR)`` there is the team's text, not a reference).
 """
 
 from __future__ import annotations
@@ -104,13 +107,27 @@ def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
     """The trainer container's argv as the kubelet would exec it, with local places and launcher."""
     trainer = render(values).trainer
     argv = trainer.resolved_argv(places.env())
-    if "$(" in " ".join(argv):
+    options, _ = split_entry_args(argv)
+    if "$(" in " ".join(options):
         raise RenderError(f"unexpanded $(VAR) left in the pod command: {argv}")
     rest = launcher_argv(argv)  # preforkWorkers: the wrapper (this venv's python) before the launcher
     prefix = [sys.executable, *argv[1 : len(argv) - len(rest)]] if len(rest) < len(argv) else []
     argv = rest
     launcher = VENV_BIN / argv[0]
     return [*prefix, str(launcher) if launcher.is_file() else argv[0], *argv[1:]]
+
+
+def split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the command up to the trainer's options, the entry point's arguments): the cut is the first
+    ``--`` after ``-m trainer``, where the trainer itself cuts (trainer/config.py split_entry_args)."""
+    for i in range(len(argv) - 1):
+        if argv[i : i + 2] == ["-m", "trainer"]:
+            rest = argv[i + 2 :]
+            if "--" in rest:
+                cut = i + 2 + rest.index("--")
+                return argv[:cut], argv[cut + 1 :]
+            break
+    return list(argv), []
 
 
 def launcher_argv(argv: list[str]) -> list[str]:

@@ -19,6 +19,7 @@ The names the chart reserves, as JSON {"env": {NAME: why}, "labels": [...], "pod
 {{- range $key, $value := .Values }}{{ $_ := set $values $key $value }}{{ end }}
 {{- $_ := set $values "extraEnv" dict }}
 {{- $_ := set $values "extraTrainerArgs" list }}
+{{- $_ := set $values "entrypointArgs" list }}
 {{- $_ := set $values "podLabels" dict }}
 {{- $_ := set $values "podAnnotations" dict }}
 {{- $_ := set $values "nodeSelector" dict }}

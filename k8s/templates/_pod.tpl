@@ -30,6 +30,9 @@ the local demo can run the very same argv after swapping the env entries that na
 - -m
 - trainer
 {{ include "trainer.trainerArgs" . }}
+{{- with include "trainer.entryArgs" . }}
+{{ . }}
+{{- end }}
 {{- end }}
 
 {{/* The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. */}}
@@ -72,8 +75,24 @@ the local demo can run the very same argv after swapping the env entries that na
 - --metrics-port={{ int $v.metricsPort }}
 - {{ printf "--metrics-linger=%v" $v.metricsLinger | quote }}
 - {{ printf "--device=%s" $v.device | quote }}
+- {{ printf "--entrypoint=%s" $v.entrypoint | quote }}
 {{- range $v.extraTrainerArgs }}
 - {{ . | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+The entry point's own arguments (docs/design.md, "The entry point"): nothing without entrypointArgs,
+else `--` and one quoted exec-form argument per item, always after every trainer option (the trainer
+takes everything after the first `--` as the entry point's). Every `$` is doubled: the kubelet expands
+`$(VAR)` in args and reads `$$` as `$`, so each argument reaches the process exactly as written.
+*/}}
+{{- define "trainer.entryArgs" -}}
+{{- with .Values.entrypointArgs -}}
+- "--"
+{{- range . }}
+- {{ replace "$" "$$" . | quote }}
+{{- end }}
 {{- end }}
 {{- end }}
 
@@ -287,6 +306,9 @@ spec:
       args:
         {{- include "trainer.trainerArgs" . | nindent 8 }}
         - --check-config
+        {{- with include "trainer.entryArgs" . }}
+        {{- . | nindent 8 }}
+        {{- end }}
       env:
         {{- include "trainer.env" . | nindent 8 }}
       {{- /* The same devices as the trainer (it checks that the GPUs it asks for are visible); an init

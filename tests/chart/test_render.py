@@ -15,12 +15,14 @@ K8S_VERSION = "1.35.0"
 CRD_KINDS = {"JobSet"}
 
 LOCAL_CPU = yaml.safe_load((CHART / "examples" / "local-cpu.yaml").read_text())
+BYO = yaml.safe_load((CHART / "examples" / "byo-values.yaml").read_text())
 # The local demo's values (tools/demo-values.yaml, the lead's): the chart must keep accepting them.
 DEMO = yaml.safe_load((CHART.parent / "tools" / "demo-values.yaml").read_text())
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "local-cpu-example": LOCAL_CPU,
+    "byo-example": BYO,
     "demo": DEMO,
     "p5": {"instanceType": "p5.48xlarge"},
     "p5e": {"instanceType": "p5e.48xlarge"},
@@ -94,6 +96,14 @@ def test_renders_valid_kubernetes(name: str) -> None:
         assert kinds == ["JobSet", "Pod", "Pod", "Secret"]  # Secret: the release's replica key
     else:
         assert kinds == ["Job", "Pod", "Pod", "Secret", "Service"]
+
+
+def test_every_example_is_a_value_set() -> None:
+    """Each file in k8s/examples is rendered and validated above (a new example cannot be left out)."""
+    examples = {path.name: yaml.safe_load(path.read_text()) for path in (CHART / "examples").glob("*.yaml")}
+    assert {"local-cpu.yaml", "byo-values.yaml"} <= set(examples)
+    for name, values in examples.items():
+        assert values in VALUE_SETS.values(), name
 
 
 def test_validator_catches_an_invalid_manifest() -> None:

@@ -22,7 +22,7 @@ from tests.mutate import Mutant, describe, mutants, replaced, to_yaml
 SEED = 15
 # Every string leaf gets the edits that would inject YAML if pasted; the rest of the catalogue is sampled.
 INJECTIONS = {"injected field", "yaml comment", "trailing newline", "template braces", "yaml true"}
-SAMPLED = {"values.yaml": 90, "examples/local-cpu.yaml": 40}
+SAMPLED = {"values.yaml": 90, "examples/local-cpu.yaml": 40, "examples/byo-values.yaml": 10}
 
 SCHEMA = re.compile(r"^- at '(/[^']*)': ", re.MULTILINE)
 TEMPLATE = re.compile(

@@ -35,6 +35,10 @@ INJECTIONS = [
     ({"extraEnv": {"BIG": 100000000}}, "at '/extraEnv/BIG': got number, want string"),
     ({"extraEnv": {"BAD-NAME": "x"}}, 'extraEnv: key "BAD-NAME" is not an environment variable name'),
     ({"dataPath": "/fsx/data\ttokens.npy"}, "at '/dataPath'"),
+    ({"entrypoint": "team.train\n  hostNetwork: true"}, "at '/entrypoint'"),
+    ({"entrypoint": "team.train #x"}, "at '/entrypoint'"),
+    ({"entrypointArgs": "--config x"}, "at '/entrypointArgs': got string, want array"),
+    ({"entrypointArgs": ["a\0b"]}, "at '/entrypointArgs/0'"),
 ]
 
 
@@ -64,6 +68,7 @@ def test_free_form_strings_reach_the_manifest_exactly() -> None:
             "extraEnv": {"WEIRD": EXACT, "NUMBERLIKE": "0x1F", "BOOLLIKE": "yes"},
             "podAnnotations": {"example.com/note": EXACT},
             "extraTrainerArgs": [EXACT],
+            "entrypointArgs": [EXACT, "yes", "0e0"],
         }
     )
     container = trainer_container(manifests)
@@ -71,7 +76,8 @@ def test_free_form_strings_reach_the_manifest_exactly() -> None:
     assert env["WEIRD"] == EXACT
     assert env["NUMBERLIKE"] == "0x1F"
     assert env["BOOLLIKE"] == "yes"
-    assert container["args"][-1] == EXACT
+    # extraTrainerArgs end the trainer's options; the entry point's arguments follow `--`.
+    assert container["args"][-5:] == [EXACT, "--", EXACT, "yes", "0e0"]
     job = next(m for m in manifests if m["kind"] == "Job")
     assert job["spec"]["template"]["metadata"]["annotations"]["example.com/note"] == EXACT
 

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from tests.chart.helm import env_of, render, trainer_container
-from tools.podcommand import LOCAL_VALUES, LocalPlaces, RenderError, launcher_argv, pod_argv, trainer_argv
+from tools.podcommand import (
+    LOCAL_VALUES,
+    LocalPlaces,
+    RenderError,
+    launcher_argv,
+    pod_argv,
+    split_entry_args,
+    trainer_argv,
+)
 from tools.podspec import expand
 
 VALUES = {
@@ -67,3 +75,30 @@ def test_values_the_chart_rejects_stop_with_helms_message() -> None:
     # The chart checks that the timeouts nest; the builder surfaces its message, it does not run.
     with pytest.raises(RenderError, match="collectiveTimeout"):
         pod_argv({"collectiveTimeout": 500, "inprocessSoftTimeout": 5}, PLACES)
+
+
+# The entry point's own arguments: some look like YAML of another type, one like a $(VAR) reference.
+ENTRY_ARGS = ["--config", "team.yaml", "yes", "010", "", "a b", "$(OUT_DIR)", "$$", "--", "é中"]
+
+
+def test_the_entry_point_and_its_arguments_come_last_exactly_as_written() -> None:
+    values = {**VALUES, "entrypoint": "team.train:main", "entrypointArgs": ENTRY_ARGS}
+    got = pod_argv(values, PLACES)
+    options, entry = split_entry_args(got)
+    assert entry == ENTRY_ARGS
+    assert got == [*options, "--", *ENTRY_ARGS]
+    # Every trainer option stays before the cut, the chart's own appended ones included.
+    assert "--entrypoint=team.train:main" in options and options[-1] == "--lr=0.001"
+    assert "--fault=sigkill:step=7:rank=1" in options and "--out-dir=/runs/r1" in options
+    part = trainer_argv(values, PLACES)
+    assert part[:2] == ["-m", "trainer"] and part[-len(ENTRY_ARGS) - 1 :] == ["--", *ENTRY_ARGS]
+    # Without entrypointArgs there is no cut at all, and the default entry point is rendered.
+    plain = pod_argv(VALUES, PLACES)
+    assert "--" not in plain and split_entry_args(plain) == (plain, [])
+    assert "--entrypoint=trainer.reference:train" in plain
+
+
+def test_an_unexpanded_reference_in_the_options_is_still_an_error() -> None:
+    # Only the entry point's arguments may hold a literal `$(`: a trainer option with one is a mistake.
+    with pytest.raises(RenderError, match="unexpanded"):
+        pod_argv({**VALUES, "extraTrainerArgs": ["--lr=$(NO_SUCH_VAR)"]}, PLACES)

@@ -31,6 +31,7 @@ SAMPLE: dict[str, Any] = {
     "run.device": "cpu",
     "run.inprocess": False,
     "run.max_repeated_faults": 2,
+    "run.entrypoint": "team.train:main",
     "model.preset": "tiny",
     "data.seq_len": 64,
     "data.micro_batch_size": 2,
