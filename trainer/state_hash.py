@@ -26,28 +26,66 @@ def state_sha256(
     """sha256 of the full (unsharded) model and optimizer state and of every rank's other entries (the
     loop's step, data position and RNG streams, the scheduler, the team's state); a collective, the
     digest is on rank 0."""
+    whole = state_digests(model, optim, entries)
+    return None if whole is None else whole["all"]
+
+
+def state_digests(
+    model: torch.nn.Module, optim: torch.optim.Optimizer, entries: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """On rank 0: {"all": the digest, "model": .., "optim": .., "<entry>": [one per rank], ...} (hex),
+    so that a run that diverged says where; None on the other ranks. A collective."""
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = {
         "model": get_model_state_dict(model, options=opts),
         "optim": get_optimizer_state_dict(model, optim, options=opts),
     }
-    # The per-rank entries differ between ranks: each rank hashes its own, rank 0 folds in all of them.
-    mine = hashlib.sha256()
-    for name in sorted(entries or {}):
-        if name not in ("model", "optim"):
-            mine.update(f"<{name}>".encode())
-            hash_into(mine, entries[name].state_dict())  # type: ignore[index]
-    own = torch.frombuffer(bytearray(mine.digest()), dtype=torch.uint8)
+    # The per-rank entries differ between ranks: each rank hashes its own, rank 0 gathers all of them.
+    states = {
+        name: entries[name].state_dict() for name in sorted(entries or {}) if name not in ("model", "optim")
+    }
+    own = bytearray()
+    for value in states.values():
+        part = hashlib.sha256()
+        hash_into(part, value)
+        own += part.digest()
+    # Finer parts (e.g. trainer.rng.numpy), so that a run that diverged says where; not in the digest.
+    fine = {f"{n}.{path}": v for n, state in states.items() for path, v in _leaves(state, depth=2)}
+    for value in fine.values():
+        part = hashlib.sha256()
+        hash_into(part, value)
+        own += part.digest()
+    names = [*states, *fine]
     device = next(model.parameters()).device
-    gathered = [torch.empty_like(own, device=device) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, own.to(device))
+    mine = torch.frombuffer(own, dtype=torch.uint8).to(device) if own else torch.zeros(0, dtype=torch.uint8)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, mine)
     if dist.get_rank() != 0:
         return None
+    out: dict[str, Any] = {}
+    for key, value in full.items():
+        part = hashlib.sha256()
+        hash_into(part, value)
+        out[key] = part.hexdigest()
+    rows = [bytes(t.cpu().numpy().tobytes()) for t in gathered]
+    for i, name in enumerate(names):
+        out[name] = [row[32 * i : 32 * (i + 1)].hex() for row in rows]
     digest = hashlib.sha256()
     hash_into(digest, full)
-    for rank, part in enumerate(gathered):
-        digest.update(f"<rank{rank}>".encode() + part.cpu().numpy().tobytes())
-    return digest.hexdigest()
+    for rank, row in enumerate(rows):
+        digest.update(f"<rank{rank}>".encode() + row[: 32 * len(states)])
+    out["all"] = digest.hexdigest()
+    return out
+
+
+def _leaves(value: Any, depth: int, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) for the dict entries of `value` down to `depth` levels."""
+    if depth == 0 or not isinstance(value, dict) or not value:
+        return [(prefix, value)] if prefix else []
+    out: list[tuple[str, Any]] = []
+    for key in sorted(value, key=str):
+        out += _leaves(value[key], depth - 1, f"{prefix}.{key}" if prefix else str(key))
+    return out
 
 
 def hash_into(digest: Any, value: Any) -> None:

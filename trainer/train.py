@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainer.api import rng
 from trainer.api.entry import TrainFn
 from trainer.api.job import Job, ping
 from trainer.api.misuse import Misuse
@@ -34,7 +35,7 @@ from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports
 from trainer.session import ProcessInfo, Session, select_device
 from trainer.snapshot.manager import Snapshots
-from trainer.state_hash import state_sha256
+from trainer.state_hash import state_digests
 from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class Trainer:
                 snapshots=self.snapshots,
             )
             self.job = job
+            rng.seed_all(self.cfg.run.seed, self.proc.rank)
             self.train(job)
             self.last_step = job.last_step
             if not job.finished:
@@ -135,13 +137,14 @@ class Trainer:
                     f"({job.last_step} of {self.cfg.run.steps}): iterate job.loop(...) to its end",
                 )
             assert session.model is not None and session.optim is not None
-            digest = state_sha256(session.model, session.optim, job.entries)
+            parts = state_digests(session.model, session.optim, job.entries)
+            digest = None if parts is None else parts.pop("all")
             ping(call_wrapper)  # the full-state gather and hash may take long on a big model
             self.events.emit(
                 "run_end",
                 step=self.last_step,
                 status="completed",
-                **({"state_sha256": digest} if digest else {}),
+                **({"state_sha256": digest, "state_parts": parts} if parts is not None else {}),
             )
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
             ping(call_wrapper)

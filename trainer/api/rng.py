@@ -4,7 +4,8 @@ Dropout and any other torch randomness draw from torch's default CPU generator (
 current device's); data code often uses Python's `random` and NumPy's legacy global generator. A resume
 that restored the weights but not these streams would train on different dropout masks than the run it
 replaces, and exactness would be lost. Each stream is kept as tensors (fixed structure, so a snapshot's
-layout never changes between steps): the state dict is per rank (trainer/checkpoint/state.py).
+layout never changes between steps): the state dict is per rank (trainer/checkpoint/state.py). Each
+attempt starts from streams seeded by (seed, rank) (`seed_all`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,17 @@ from typing import Any
 
 import numpy as np
 import torch
+
+
+def seed_all(seed: int, rank: int) -> None:
+    """Seed every stream from (seed, rank), before each attempt's training function runs: a fresh run
+    then starts from the same streams every time (Python's and NumPy's are seeded from the OS otherwise,
+    so two runs would end in different states even with nothing drawn from them). The function may seed
+    them itself; `job.loop` then restores whatever state it resumes from."""
+    value = int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0])
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
 
 
 def capture(device: torch.device) -> dict[str, torch.Tensor]:

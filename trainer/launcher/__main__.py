@@ -30,8 +30,9 @@ def main(argv: list[str]) -> int:
         print(f"trainer.launcher: {command[0]}: command not found", file=sys.stderr)
         return 127
     path = os.path.join(tempfile.mkdtemp(prefix="trainer-prefork-"), "zygote.sock")
+    entry = entry_module(command)
     zygote = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launcher.prefork.server", path, str(os.getpid())],
+        [sys.executable, "-m", "trainer.launcher.prefork.server", path, str(os.getpid()), *entry],
         stdin=subprocess.DEVNULL,
     )
     os.environ[SOCKET_ENV] = path
@@ -41,6 +42,21 @@ def main(argv: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]])
     os.execvp(command[0], command)
     return 127  # pragma: no cover - execvp returns only by raising
+
+
+def entry_module(command: list[str]) -> list[str]:
+    """The module of the workers' `--entrypoint=module:function` (after `-m trainer`, before `--`), for
+    the zygote to import once; [] when there is none or it is not a plain module name."""
+    if "trainer" not in command or command[command.index("trainer") - 1] != "-m":
+        return []
+    args = command[command.index("trainer") + 1 :]
+    args = args[: args.index("--")] if "--" in args else args
+    for arg in args:
+        if arg.startswith("--entrypoint="):
+            module = arg.removeprefix("--entrypoint=").partition(":")[0]
+            if module and all(part.isidentifier() for part in module.split(".")):
+                return [module]
+    return []
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The zygote: import the trainer once, then fork one worker per request (see
 trainer/launcher/prefork/__init__).
 
-`python -m trainer.launcher.prefork.server SOCKET PARENT_PID` imports PRELOAD, binds SOCKET (mode 0600, in a
+`python -m trainer.launcher.prefork.server SOCKET PARENT_PID [MODULE]` imports PRELOAD (and MODULE, the
+entry point's), binds SOCKET (mode 0600, in a
 0700 directory the wrapper made) and serves until its parent (ft_launcher) dies. It stays
 single-threaded, so a fork copies no lock held by another thread; each child drops everything of the
 server, takes the client's stdio, environment, working directory and argv, and runs the module as
@@ -35,6 +36,8 @@ PRELOAD = (
     "trainer.config",
     "trainer.preflight",
     "trainer.train",
+    "trainer.api",
+    "trainer.reference",
     "trainer.checkpoint",
     "trainer.checkpoint.backends",
     "trainer.checkpoint.resume",
@@ -54,10 +57,12 @@ PARENT_POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
-def preload() -> list[str]:
-    """Import PRELOAD; returns the modules that failed (a worker imports those itself)."""
+def preload(entry_module: str | None = None) -> list[str]:
+    """Import PRELOAD and the entry point's module (a team's training code: its imports, transformers
+    say, are then paid once per pod, not at every worker start); returns the modules that failed (a
+    worker imports those itself, and reports an entry point that cannot be imported)."""
     failed = []
-    for name in PRELOAD:
+    for name in (*PRELOAD, *([entry_module] if entry_module else [])):
         try:
             importlib.import_module(name)
         except Exception as exc:  # e.g. NVRx absent: the trainer then says why itself
@@ -285,15 +290,16 @@ def _die_with_parent() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m trainer.launcher.prefork.server SOCKET PARENT_PID", file=sys.stderr)
+    if len(argv) not in (2, 3) or not argv[1].isdigit():
+        print("usage: python -m trainer.launcher.prefork.server SOCKET PARENT_PID [MODULE]", file=sys.stderr)
         return 2
     path, parent_pid = argv[0], int(argv[1])
+    entry_module = argv[2] if len(argv) == 3 else None
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         return 0
     t0 = time.perf_counter()
-    failed = preload()
+    failed = preload(entry_module)
     for line in failed:
         print(f"prefork: not preloaded: {line}", file=sys.stderr, flush=True)
     zygote = Zygote(path, parent_pid)
