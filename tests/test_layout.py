@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 
-PACKAGES = ("infra", "trainer", "tools", "bench", "goodput", "sizing")
+PACKAGES = ("infra", "trainer", "tools", "bench", "goodput", "sizing", "examples")
 # What each package must never import (besides itself, any package not listed here may be imported).
 FORBIDDEN: dict[str, set[str]] = {
     "infra": {"trainer", "tools", "bench", "goodput"},  # synth needs no torch
@@ -21,6 +21,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "goodput": {"infra", "trainer", "tools", "bench"},
     # The storage sizing: stdlib only; infra, goodput and tools import it, it imports none of them.
     "sizing": {"infra", "trainer", "tools", "bench", "goodput"},
+    # A team's training code: the trainer's public API only (checked below), no harness.
+    "examples": {"infra", "tools", "bench", "goodput", "sizing"},
 }
 
 
@@ -215,3 +217,18 @@ def test_each_package_opens_with_a_docstring(folder: str) -> None:
 
 def test_the_chart_opens_with_a_readme() -> None:
     assert "Owns" in (REPO_ROOT / "k8s" / "README.md").read_text(encoding="utf-8")
+
+
+def test_examples_use_only_the_public_api() -> None:
+    # A team's code (examples/) reaches the library through trainer.api and its stable names alone.
+    from trainer import api
+
+    allowed = {"trainer", "trainer.api", *(f"trainer.api.{name}" for name in api.__all__)}
+    used = [
+        f"{path.relative_to(REPO_ROOT)} imports {name}"
+        for path in sorted((REPO_ROOT / "examples").rglob("*.py"))
+        for name in sorted(imported_modules(path))
+        if name.split(".")[0] == "trainer" and name not in allowed
+    ]
+    assert used == []
+    assert any("trainer.api" in imported_modules(p) for p in (REPO_ROOT / "examples").rglob("*.py"))

@@ -41,9 +41,8 @@ def state_digests(
         "optim": get_optimizer_state_dict(model, optim, options=opts),
     }
     # The per-rank entries differ between ranks: each rank hashes its own, rank 0 gathers all of them.
-    states = {
-        name: entries[name].state_dict() for name in sorted(entries or {}) if name not in ("model", "optim")
-    }
+    given = dict(entries or {})
+    states = {name: given[name].state_dict() for name in sorted(given) if name not in ("model", "optim")}
     own = bytearray()
     for value in states.values():
         part = hashlib.sha256()

@@ -21,8 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from trainer.api import rng
-from trainer.api.entry import TrainFn
-from trainer.api.job import Job, ping
+from trainer.api.job import Job, TrainFn, ping
 from trainer.api.misuse import Misuse
 from trainer.children import kill_children
 from trainer.config import TrainConfig

@@ -13,19 +13,18 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from trainer.api.job import TrainFn
 from trainer.components import check_entrypoint
 from trainer.config import split_entry_args
 from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.settings import ConfigError
 
 if TYPE_CHECKING:
-    from trainer.api.job import Job
     from trainer.config import TrainConfig
     from trainer.preflight import World
 
-TrainFn = Callable[["Job"], Any]
 CHECK_ATTR = "__trainer_check__"
 
 

@@ -17,7 +17,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from trainer.snapshot.manager import Snapshots
 
 log = logging.getLogger(__name__)
+
+TrainFn = Callable[["Job"], Any]
+"""A training function: called with the `Job` once per attempt (trainer/api/__init__.py)."""
 
 
 class LoopState(Stateful):
