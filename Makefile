@@ -22,7 +22,7 @@ help: ## List the targets
 
 $(VENV)/.installed: pyproject.toml tools/install_nvrx.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[infra,trainer,cluster,report,test,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[infra,trainer,cluster,report,test,dev,examples]'
 	$(PY) tools/install_nvrx.py --version $(NVRX_VERSION)
 	touch $@
 
