@@ -36,6 +36,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "run_end": ("step", "status"),
     "snapshot": ("step", "blocked_s", "copy_s", "bytes"),
     "replica": ("step", "holder", "bytes", "send_s", "ok"),
+    "data_position_unsaved": ("data",),
 }
 COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
 

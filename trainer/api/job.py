@@ -166,17 +166,18 @@ class Job:
         """Restore, then yield `(step, batch)` for every remaining step; the body is the team's step.
 
         `data` is an iterator (or iterable) of batches whose position can be saved (`state_dict` and
-        `load_state_dict`); one batch is drawn per step, after the restore. `scheduler` and the entries of
-        `state` (EMA weights, a grad scaler, counters: anything with state_dict/load_state_dict) are
-        checkpointed, snapshotted and restored with the model. Checked before the first step: misuse
-        raises `Misuse`, one line naming the rule and the fix.
+        `load_state_dict`, e.g. `api.SampleCursor`), or a DataLoader over a DistributedSampler (the loop
+        sets its epochs and saves its position); one batch is drawn per step, after the restore.
+        `scheduler` and the entries of `state` (EMA weights, a grad scaler, counters: anything with
+        state_dict/load_state_dict) are checkpointed, snapshotted and restored with the model. Checked
+        before the first step: misuse raises `Misuse`, one line naming the rule and the fix.
         """
         if self._looped:
             raise misuse.Misuse("job.loop", "called twice in one attempt: run every step in one loop")
         self._looped = True
         misuse.check_model(model)
         misuse.check_optimizer(optimizer, model)
-        position_saved = misuse.check_data(data, allow_unsaved=allow_unsaved_data)
+        data, position_saved = misuse.check_data(data, allow_unsaved=allow_unsaved_data)
         extra = misuse.check_state(scheduler, state)
         misuse.check_groups(self._session.known_groups)
         loop_state = LoopState(data if position_saved else None, self.device)

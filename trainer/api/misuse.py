@@ -66,22 +66,29 @@ def saveable(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def check_data(data: Any, *, allow_unsaved: bool) -> bool:
-    """An iterator or iterable of batches; True when its position can be saved (state_dict/load_state_dict).
+def check_data(data: Any, *, allow_unsaved: bool) -> tuple[Any, bool]:
+    """(the data source the loop draws from, whether its position is saved).
 
-    A position that cannot be saved makes every resume repeat or skip data: refused unless the caller
-    says `allow_unsaved_data=True` (then recorded in the run's events and summary)."""
+    An object with state_dict/load_state_dict is used as it is; a DataLoader over a DistributedSampler
+    is wrapped in a LoaderCursor (its position is the epoch and the batches drawn). A position that cannot
+    be saved makes every resume repeat or skip data: refused unless the caller says
+    `allow_unsaved_data=True` (then recorded in the run's events)."""
+    from trainer.api.loader import LoaderCursor, resumable
+
     if not (hasattr(data, "__next__") or hasattr(data, "__iter__")):
         raise Misuse("data", f"must be an iterator or iterable of batches, got {type(data).__name__}")
     if saveable(data):
-        return True
+        return data, True
+    if resumable(data):
+        return LoaderCursor(data), True
     if allow_unsaved:
-        return False
+        return data, False
     raise Misuse(
         "data",
-        f"{type(data).__name__} cannot save its position (no state_dict/load_state_dict), so a resume would "
-        "repeat or skip data: wrap a map-style dataset in trainer.api.SampleCursor, use a stateful loader, "
-        "or pass allow_unsaved_data=True to accept it (recorded in the run's events)",
+        f"{type(data).__name__} cannot save its position (no state_dict/load_state_dict, and not a "
+        "DataLoader over a DistributedSampler), so a resume would repeat or skip data: use a "
+        "DistributedSampler, wrap a map-style dataset in trainer.api.SampleCursor, or pass "
+        "allow_unsaved_data=True to accept it (recorded in the run's events)",
     )
 
 
