@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
 
 
@@ -69,7 +70,12 @@ class LoaderCursor:
     def _start(self) -> None:
         self.skipping.set_epoch(self.epoch)
         self.skipping.skip = self.drawn * self.batch_size
+        # A DataLoader's iterator draws its workers' base seed from torch's global generator (unless the
+        # loader has its own): a resume starts one more iterator than the run it replaces, and would
+        # shift every later dropout mask. The draw is kept off the global stream.
+        state = torch.get_rng_state()
         self._it = iter(self.loader)
+        torch.set_rng_state(state)
 
     def __iter__(self) -> LoaderCursor:
         return self
