@@ -68,29 +68,32 @@ def main() -> None:
     sampler = DistributedSampler(dataset, world, rank, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     torch.manual_seed(args.seed + 1 + rank)  # dropout masks differ between ranks
-    step = 0
+    step, epoch = 0, 0
     if os.path.exists(os.path.join(args.ckpt_dir, ".metadata")):
         model_sd, optim_sd = get_state_dict(model, optim)
         state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(), "step": 0}
         dcp.load(state, checkpoint_id=args.ckpt_dir)
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optim"])
         sched.load_state_dict(state["sched"])
-        step = state["step"]
-    batches = iter(loader)
+        step = state["step"]  # the epoch starts over: its first batches are seen twice
     while step < args.steps:
-        batch = next(batches)
-        loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
-        loss.backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        sched.step()
-        step += 1
-        if rank == 0:
-            print(f"step {step} loss {loss.item():.4f}")
-        if step % args.ckpt_every == 0:
-            model_sd, optim_sd = get_state_dict(model, optim)
-            state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(), "step": step}
-            dcp.save(state, checkpoint_id=args.ckpt_dir)
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+            loss.backward()
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+            sched.step()
+            if rank == 0:
+                print(f"step {step} loss {loss.item():.4f}")
+            step += 1
+            if step % args.ckpt_every == 0:
+                model_sd, optim_sd = get_state_dict(model, optim)
+                state = {"model": model_sd, "optim": optim_sd, "sched": sched.state_dict(), "step": step}
+                dcp.save(state, checkpoint_id=args.ckpt_dir)
+            if step == args.steps:
+                break
+        epoch += 1
     dist.destroy_process_group()
 
 

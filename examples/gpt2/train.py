@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, DistributedSampler
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from examples.gpt2.data import Progressions
@@ -51,12 +53,14 @@ def build_model(args: argparse.Namespace, mesh: object) -> GPT2LMHeadModel:
 
 def train(job: api.Job) -> None:
     args = parse(list(job.args))
-    rank = job.rank
-    model = build_model(args, job.mesh)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = job.mesh
+    model = build_model(args, mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / args.warmup))
     dataset = Progressions(100_000, args.seq_len, 256, seed=args.seed)
-    loader = api.SampleCursor(dataset, args.batch_size, job=job)
+    sampler = DistributedSampler(dataset, world, rank, seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
     torch.manual_seed(args.seed + 1 + rank)  # dropout masks differ between ranks
     for step, batch in job.loop(model=model, optimizer=optim, scheduler=sched, data=loader):
         loss = model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
@@ -64,7 +68,7 @@ def train(job: api.Job) -> None:
         optim.step()
         optim.zero_grad(set_to_none=True)
         sched.step()
-        if rank == 0 and step % 10 == 0:
+        if rank == 0:
             print(f"step {step} loss {loss.item():.4f}")
         job.log(loss)
 
