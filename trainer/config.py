@@ -139,7 +139,8 @@ def make_parser() -> argparse.ArgumentParser:
     p = FlagParser(
         prog="python -m trainer",
         description="FSDP2 LLM trainer with NVRx in-process (tier 1) and ft_launcher (tier 2) recovery.",
-        epilog="Arguments after a literal -- go to the entry point untouched (job.args; docs/bring-your-own.md).",
+        epilog="Arguments after a literal -- go to the entry point untouched (job.args; "
+        "docs/bring-your-own.md).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for component, cls in COMPONENTS.items():

@@ -4,8 +4,10 @@ The loop passes {"model": nn.Module, "optim": Optimizer | None, <name>: Stateful
 
 - Model and optimizer go through torch.distributed.checkpoint.state_dict.get_/set_state_dict: for FSDP2
   these are DTensor shards, saved in DCP's reshardable format (a 2-rank checkpoint loads on 1 rank).
-- Every other entry (the trainer's step, data cursor, RNG states) is *per rank*: DCP would deduplicate
-  identical keys across ranks and keep one rank's copy, so each rank saves it under "<name>@rank<R>".
+- Every other entry (the trainer's step, data cursor, RNG states, a scheduler, a team's state) is *per
+  rank*: DCP would deduplicate identical keys across ranks and keep one rank's copy, so each rank saves
+  it under "<name>@rank<R>", as one opaque value (trainer/checkpoint/entry_blob.py): it comes back as
+  saved whatever its structure, where a template built from the fresh object would lose keys it gained.
   At load, a rank whose own entry is missing (the world grew) takes rank 0's; the data cursor is built to
   continue at the same global sample position in that case.
 """
@@ -18,6 +20,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
+
+from trainer.checkpoint import entry_blob
 
 MODEL, OPTIM = "model", "optim"
 
@@ -41,7 +45,7 @@ def build_save_dict(state: dict[str, Any], rank: int) -> dict[str, Any]:
     for name, obj in state.items():
         if name in (MODEL, OPTIM) or obj is None:
             continue
-        out[per_rank_key(name, rank)] = obj.state_dict()
+        out[per_rank_key(name, rank)] = entry_blob.encode(obj.state_dict())
     return out
 
 
@@ -98,7 +102,7 @@ def apply_loaded(state: dict[str, Any], loaded: dict[str, Any], rank: int) -> No
         if name in (MODEL, OPTIM) or obj is None:
             continue
         own, first = per_rank_key(name, rank), per_rank_key(name, 0)
-        obj.load_state_dict(loaded[own] if own in loaded else loaded[first])
+        obj.load_state_dict(entry_blob.decode(loaded[own] if own in loaded else loaded[first]))
 
 
 def _has_prefix(keys: set[str], prefix: str) -> bool:

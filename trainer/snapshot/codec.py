@@ -9,6 +9,7 @@ param_groups are compared bit for bit by the exactness test (a tuple of betas is
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ def flatten(state: Any) -> tuple[Any, list[torch.Tensor]]:
             return {"t": [enc(x) for x in v]}
         if isinstance(v, list):
             return {"l": [enc(x) for x in v]}
+        if isinstance(v, bytes):  # an encoded per-rank entry (trainer/checkpoint/entry_blob.py)
+            return {"b": base64.b64encode(v).decode("ascii")}
         if v is None or isinstance(v, bool | int | float | str):
             return v
         raise TypeError(f"snapshot cannot hold a {type(v).__name__} ({v!r:.80})")
@@ -87,6 +90,8 @@ def _structure(node: Any) -> Any:
             return {"t": [_structure(v) for v in node["t"]]}
         if "l" in node:
             return {"l": [_structure(v) for v in node["l"]]}
+        if "b" in node:  # bytes: their length and content are values, not layout
+            return "bytes"
         return node  # {"x": i}
     return type(node).__name__
 
@@ -104,6 +109,8 @@ def decode(skeleton: Any, tensor_at: Any) -> Any:
                 return tuple(dec(v) for v in node["t"])
             if "l" in node:
                 return [dec(v) for v in node["l"]]
+            if "b" in node:
+                return base64.b64decode(node["b"], validate=True)
         return node
 
     return dec(skeleton)

@@ -215,7 +215,9 @@ def test_an_exception_cutting_a_resize_short_leaves_the_store_usable(
     for step in (8, 9):
         a["trainer"].step = step
         s.write(step, build_save_dict(a, 0))
-    a["trainer"].step = 10  # one more digit in the skeleton: slot 0 is resized
+    # Eight more digits, twice, in the trainer's encoded entry (the skeleton holds it as base64): slot 0
+    # is resized.
+    a["trainer"].step = 10**9
     real = store_module._Mapping
 
     def interrupted(path: Path, size: int | None) -> object:
