@@ -1,5 +1,6 @@
-"""Fixtures shared by the trainer tests: a small token file, a 1-rank process group and the fault-free
-reference run that every exact-resume test compares its final state with."""
+"""Fixtures shared by the trainer tests: a small token file, a 1-rank process group, the fault-free
+reference run that every exact-resume test compares its final state with, and the run with a fault of
+each tier that test_exact_resume.py and resilience/test_unrecoverable.py both read."""
 
 from __future__ import annotations
 
@@ -57,3 +58,26 @@ def clean_run(token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
     digest = str(end["state_sha256"])
     assert len(digest) == 64
     return out, digest
+
+
+# The faults of `faulty_run`: an exception (tier 1, recovered in-process), later a SIGKILL (tier 2). nvrx
+# commits a save at a later step than it starts it, so each fires at the step right after a save started
+# (saves after steps 2, 5, 8, 9): at step 6 the newest committed checkpoint is surely step 2, at 9 step 5.
+FAULTY_RUN_FAULTS = ("--fault=exception:step=6:rank=1", "--fault=sigkill:step=9:rank=0")
+
+
+@pytest.fixture(scope="session")
+def faulty_run(token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The pod command of `clean_run` with FAULTY_RUN_FAULTS: its output directory and its log. The
+    launcher's exit status was 0; what the run did is each reading test's to assert.
+
+    One run for the session: test_exact_resume.py checks both recoveries and the final state against
+    `clean_run`; resilience/test_unrecoverable.py that the transient exception was recovered and not
+    taken for an unrecoverable error.
+    """
+    from tests.trainer._jobs import log_tail, pod_command, run_job
+
+    out = tmp_path_factory.mktemp("faulty") / "run"
+    log = out.parent / "job.log"
+    assert run_job(pod_command(token_file, out, *FAULTY_RUN_FAULTS), log) == 0, log_tail(log)
+    return out, log

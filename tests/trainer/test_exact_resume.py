@@ -1,11 +1,12 @@
 """Exact resume: faults of both tiers change nothing in the final model and optimizer state.
 
-The reference is the session's fault-free run (conftest `clean_run`). The faulty run, the same pod
-command (ft_launcher, tier 1 on, the chart's nvrx checkpoints), takes an exception (recovered in-process)
-and later a SIGKILL (recovered by ft_launcher restarting the workers); both resume from checkpoints and
-recompute steps. Rank 0 hashes the full, unsharded model + optimizer state at the end (`state_sha256`
-of its `run_end` event): the two hashes must be equal, bit for bit. (torch-async and sync: one
-exact-resume run each in test_ckpt_modes.py.)
+The reference is the session's fault-free run (conftest `clean_run`). The faulty run (conftest
+`faulty_run`, which resilience/test_unrecoverable.py reads too), the same pod command (ft_launcher,
+tier 1 on, the chart's nvrx checkpoints), takes an exception (recovered in-process) and later a SIGKILL
+(recovered by ft_launcher restarting the workers); both resume from checkpoints and recompute steps.
+Rank 0 hashes the full, unsharded model + optimizer state at the end (`state_sha256` of its `run_end`
+event): the two hashes must be equal, bit for bit. (torch-async and sync: one exact-resume run each in
+test_ckpt_modes.py.)
 
 nvrx commits a save at a later step than it starts it, so each fault fires at the step right after a
 save started (saves after steps 2, 5, 8, 9): at step 6 the newest committed checkpoint is surely step 2,
@@ -18,23 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer._jobs import (
-    assert_completed,
-    log_tail,
-    of,
-    pod_command,
-    read_events,
-    run_job,
-)
+from tests.trainer._jobs import assert_completed, of, read_events
 
 
 @pytest.mark.slow
 def test_faults_of_both_tiers_end_in_the_same_state_as_a_clean_run(
-    tmp_path: Path, token_file: Path, clean_run: tuple[Path, str]
+    faulty_run: tuple[Path, Path], clean_run: tuple[Path, str]
 ) -> None:
-    faulty, faulty_log = tmp_path / "faulty", tmp_path / "faulty.log"
-    faults = ["--fault=exception:step=6:rank=1", "--fault=sigkill:step=9:rank=0"]
-    assert run_job(pod_command(token_file, faulty, *faults), faulty_log) == 0, log_tail(faulty_log)
+    faulty, faulty_log = faulty_run  # exception:step=6:rank=1, then sigkill:step=9:rank=0
     summary = assert_completed(faulty, faulty_log)
     evs = read_events(faulty)
 

@@ -1,5 +1,9 @@
 """Checkpointing across processes: a 2-rank FSDP2 checkpoint loads on 1 rank (resharding), and a rank
-killed inside the commit leaves the previous checkpoint loadable and nothing half-written visible."""
+killed inside the commit leaves the previous checkpoint loadable and nothing half-written visible.
+
+Both read one 2-rank run (module fixture `saved`, nvrx, the chart's mode): the same processes first save
+2 steps into `clean`, then 2 steps into `crash`, where the last rank is killed inside the commit of step 1.
+Each test restores its own folder."""
 
 from __future__ import annotations
 
@@ -51,10 +55,22 @@ def _restore_here(root: Path, mesh: Any) -> tuple[Any, dict[str, Any]]:
         mgr.close()
 
 
-@pytest.mark.parametrize("mode", ["nvrx"])
-def test_two_rank_checkpoint_loads_on_one_rank(tmp_path: Path, mode: str, one_rank: Any) -> None:
-    root = tmp_path / "ckpt"
-    run_ranks(_train_and_save, 2, str(root), mode, -1)
+def _clean_then_crash(rank: int, world_size: int, root: str) -> None:
+    _train_and_save(rank, world_size, str(Path(root) / "clean"), "nvrx", -1)
+    _train_and_save(rank, world_size, str(Path(root) / "crash"), "nvrx", 1)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run's root: `clean` (steps 0 and 1 committed) and `crash` (step 1's commit cut off)."""
+    root = tmp_path_factory.mktemp("ckpt-dist")
+    with pytest.raises(Exception, match=r"SIGKILL|signal"):
+        run_ranks(_clean_then_crash, 2, str(root))
+    return root
+
+
+def test_two_rank_checkpoint_loads_on_one_rank(saved: Path, one_rank: Any) -> None:
+    root = saved / "clean"
     manifest = layout.scan(root)[0][0].manifest
     assert manifest is not None and manifest["world_size"] == 2
     assert {"__0_0.distcp", "__1_0.distcp"} <= set(manifest["files"])  # one shard file per rank
@@ -68,10 +84,8 @@ def test_two_rank_checkpoint_loads_on_one_rank(tmp_path: Path, mode: str, one_ra
     assert state["trainer"].step == 1
 
 
-def test_rank_killed_in_commit_leaves_previous_checkpoint(tmp_path: Path, one_rank: Any) -> None:
-    root = tmp_path / "ckpt"
-    with pytest.raises(Exception, match=r"SIGKILL|signal"):
-        run_ranks(_train_and_save, 2, str(root), "nvrx", 1)
+def test_rank_killed_in_commit_leaves_previous_checkpoint(saved: Path, one_rank: Any) -> None:
+    root = saved / "crash"
     assert sorted(p.name for p in root.glob("step_*")) == ["step_00000000"]  # step 1 never became visible
     leftover = root / layout.temp_name(1)
     assert (leftover / "__1_0.distcp").is_file()  # the killed rank had written its shard

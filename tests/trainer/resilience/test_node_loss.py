@@ -1,26 +1,27 @@
-"""A lost node under NVRx 0.7: every survivor leaves the Wrapper and its process exits at once.
+"""A lost node under NVRx 0.7: every survivor leaves the Wrapper and its process exits at once, and the
+Job replaces the lost pod and training resumes.
 
-Two local pods of one rank each run the pod command (ft_launcher ... -m trainer) with tier 1 on; pod 1
-is lost whole (SIGKILL of every process of it). The survivor's Wrapper notices the missing peer after
-its liveness timeout, leaves the Wrapper for tier 2, and its process must then exit within 2 s, so that
-its launcher restarts the workers with the replacement pod. Without the workaround for NVRx's
-`get_initial_ranks` bug (trainer/resilience/inprocess.py: WrapperStore) the survivor's
+Two local pods of one rank each run the pod command (ft_launcher ... -m trainer, as the chart renders it)
+with tier 1 on; pod 1 is lost whole (SIGKILL of every process of it). The survivor's Wrapper notices the
+missing peer after its liveness timeout, leaves the Wrapper for tier 2, and its process must then exit
+within 2 s, so that its launcher restarts the workers with the replacement pod. Without the workaround
+for NVRx's `get_initial_ranks` bug (trainer/resilience/inprocess.py: WrapperStore) the survivor's
 `CallWrapper.shutdown` fails and the process hangs until the Wrapper's hard timeout (30 s here).
+
+One run (module fixture `lost_node`) for both tests: the survivor's exit, and the replacement's resume.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT, free_port
-from tools.localpods import LocalJob, PodSpec
+from tests.trainer.resilience import _pods as pods
+from tools.localpods import JobResult
 
 # The kill comes at step 4-6 (the first commit, nvrx's, lands a few steps after the save of step 2): 14
 # leaves the run far from its end then, and the replacement little to redo (30 cost ~20 s of saves).
@@ -28,7 +29,22 @@ STEPS = 14
 LIVENESS_S = 3.0
 HARD_S = 30.0
 EXIT_AFTER_LEAVE_S = 2.0
-JOB_TIMEOUT_S = 240.0
+# The liveness timeout well below the collective timeout (the survivor notices the lost peer by its
+# missing beats, not by a timed-out collective) and the hard timeout far above both (a survivor hanging
+# in the Wrapper's shutdown is told apart from one that exits).
+VALUES = {
+    "steps": STEPS,
+    "maxRestarts": 4,
+    "monitorInterval": 0.3,
+    "collectiveTimeout": 6,
+    "inprocessSoftTimeout": 20,
+    "inprocessHardTimeout": HARD_S,
+    "inprocessBarrierTimeout": 40,
+    "ftRankHeartbeatTimeout": 50,
+    "ftInitialRankHeartbeatTimeout": 120,
+    "ftWorkloadCheckInterval": 1,
+    "inprocessLivenessTimeout": LIVENESS_S,
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,51 +56,6 @@ def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_tokens(path, 200_000, PRESETS["tiny"].vocab_size, seed=5)
 
 
-def _argv(port: int, out: Path, data: Path) -> list[str]:
-    return [
-        str(Path(sys.executable).with_name("ft_launcher")),
-        "--nnodes=2",
-        "--nproc-per-node=1",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{port}",
-        "--rdzv-id=node-loss-test",
-        "--max-restarts=4",
-        "--monitor-interval=0.3",
-        "--ft-restart-policy=any-failed",
-        "--ft-rank-heartbeat-timeout=50",
-        "--ft-initial-rank-heartbeat-timeout=120",
-        "--ft-workload-check-interval=1",
-        "--workers-stop-timeout=5",
-        "--term-timeout=5",
-        "-m",
-        "trainer",
-        "--preset=tiny",
-        f"--data-path={data}",
-        "--seq-len=32",
-        "--micro-batch-size=2",
-        f"--steps={STEPS}",
-        "--ckpt-interval=3",
-        "--ckpt-keep=2",
-        "--ckpt-mode=nvrx",
-        f"--out-dir={out}",
-        "--device=cpu",
-        "--inprocess",
-        "--collective-timeout=6",
-        "--inprocess-soft-timeout=20",
-        f"--inprocess-hard-timeout={HARD_S}",
-        "--inprocess-barrier-timeout=40",
-        "--heartbeat-timeout=50",
-        f"--inprocess-liveness-timeout={LIVENESS_S}",
-    ]
-
-
-def _events(out: Path) -> list[dict[str, Any]]:
-    evs = []
-    for path in sorted(out.glob("events.rank*.jsonl")):
-        evs += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return sorted(evs, key=lambda e: float(e["t"]))
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -93,57 +64,89 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _logs(tmp_path: Path) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-4000:]}" for p in sorted(tmp_path.glob("pod-*.log")))
+@dataclass(frozen=True)
+class LostNode:
+    tmp: Path  # pod logs
+    out: Path  # the run's output directory
+    survivor: int  # pid of rank 0's worker when pod 1 was lost
+    old_pod1: set[int]  # pod 1's processes just before the kill
+    killed: set[int]  # what kill_pod(1) killed
+    killed_at: float
+    exited_at: float  # when the survivor's process was gone (or the wait for it gave up)
+    result: JobResult
 
 
-@pytest.mark.slow
-def test_survivor_of_a_lost_node_leaves_the_wrapper_and_exits_within_2_s(
-    tmp_path: Path, tokens: Path
-) -> None:
-    out = tmp_path / "run"
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
-    specs = [PodSpec(f"pod-{i}", _argv(port, out, tokens), env, tmp_path / f"pod-{i}.log") for i in range(2)]
-    with LocalJob(specs, host_port=port) as job:
+@pytest.fixture(scope="module")
+def lost_node(tmp_path_factory: pytest.TempPathFactory, tokens: Path) -> LostNode:
+    """2 pods x 1 rank, tier 1 on; pod 1 is lost once a checkpoint is committed and step 4 was reached."""
+    tmp = tmp_path_factory.mktemp("lost-node")
+    out = tmp / "run"
+    with pods.job(tmp, tokens, nnodes=2, nproc=1, extra=["--inprocess"], values=VALUES) as job:
         job.start()
-        deadline = time.monotonic() + JOB_TIMEOUT_S
+        deadline = time.monotonic() + pods.JOB_TIMEOUT_S
         survivor = None
         while survivor is None and time.monotonic() < deadline:
-            assert job.poll() is None, _logs(tmp_path)
-            evs = _events(out) if out.exists() else []
+            assert job.poll() is None, pods.logs(tmp)
+            evs = pods.events(out) if out.exists() else []
             if any(e["ev"] == "ckpt_commit" for e in evs) and any(
                 e["ev"] == "step" and int(e["step"]) >= 4 for e in evs
             ):
                 survivor = next(e["pid"] for e in reversed(evs) if e["ev"] == "run_start" and e["rank"] == 0)
-                job.kill_pod(1)
+                old = job.pod(1).processes()
+                killed = job.kill_pod(1)
                 killed_at = time.time()
             time.sleep(0.05)
-        assert survivor is not None, "the run never reached step 4" + _logs(tmp_path)
+        assert survivor is not None, "the run never reached step 4" + pods.logs(tmp)
         while _alive(survivor) and time.time() - killed_at < HARD_S + 20:
             job.poll()
             time.sleep(0.05)
         exited_at = time.time()
-        result = job.wait(timeout_s=JOB_TIMEOUT_S)
-    evs = _events(out)
-    detected = [e for e in evs if e["ev"] == "fault_detected" and e["pid"] == survivor]
+        result = job.wait(timeout_s=pods.JOB_TIMEOUT_S)
+    return LostNode(tmp, out, survivor, old, killed, killed_at, exited_at, result)
+
+
+@pytest.mark.slow
+def test_survivor_of_a_lost_node_leaves_the_wrapper_and_exits_within_2_s(lost_node: LostNode) -> None:
+    run = lost_node
+    evs = pods.events(run.out)
+    detected = [e for e in evs if e["ev"] == "fault_detected" and e["pid"] == run.survivor]
     # It left through the Wrapper's rank assignment, and the Wrapper shut down cleanly: the exception
     # that reached the trainer is LeaveToTier2 itself, not an error NVRx raised while shutting down.
     left = [e for e in detected if str(e.get("reason", "")).startswith("LeaveToTier2:")]
     assert left, (
-        f"the survivor did not leave the Wrapper cleanly (exited {exited_at - killed_at:.1f} s after the "
-        f"kill): {[e.get('reason') for e in detected]}\n{_logs(tmp_path)}"
+        f"the survivor did not leave the Wrapper cleanly (exited {run.exited_at - run.killed_at:.1f} s "
+        f"after the kill): {[e.get('reason') for e in detected]}\n{pods.logs(run.tmp, tail=4000)}"
     )
     left_at = float(left[0]["t"])
     print(
-        f"lost node: noticed {left_at - killed_at:.2f} s after the kill, "
-        f"exited {exited_at - left_at:.2f} s later"
+        f"lost node: noticed {left_at - run.killed_at:.2f} s after the kill, "
+        f"exited {run.exited_at - left_at:.2f} s later"
     )
-    assert left_at - killed_at <= LIVENESS_S + 1.0 + 3.0, "the lost peer was noticed late"
-    assert exited_at - left_at <= EXIT_AFTER_LEAVE_S, (
-        f"survivor exited {exited_at - left_at:.1f} s after leaving the Wrapper\n{_logs(tmp_path)}"
+    assert left_at - run.killed_at <= LIVENESS_S + 1.0 + 3.0, "the lost peer was noticed late"
+    assert run.exited_at - left_at <= EXIT_AFTER_LEAVE_S, (
+        f"survivor exited {run.exited_at - left_at:.1f} s after leaving the Wrapper\n"
+        + pods.logs(run.tmp, tail=4000)
     )
     # Then its launcher restarted the workers with the replacement pod and the run completed.
-    assert result.succeeded, result.reason + _logs(tmp_path)
-    summary = json.loads((out / "summary.json").read_text())
+    assert run.result.succeeded, run.result.reason + pods.logs(run.tmp, tail=4000)
+    summary = json.loads((run.out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["steps"] == STEPS
+
+
+@pytest.mark.slow
+def test_lost_pod_is_replaced_and_training_resumes(lost_node: LostNode) -> None:
+    run = lost_node
+    assert run.old_pod1 <= run.killed  # the kill took every process of the pod
+    assert run.result.succeeded, run.result.reason + pods.logs(run.tmp)
+    assert next(e.reason for e in run.result.exits if e.index == 1) == "disrupted"
+    # Pod 0 survived (its workers restarted); pod 1 was replaced once.
+    assert run.result.attempts(1) == 2 and run.result.attempts(0) == 1
+    pods.assert_completed_once_more(run.out, run.tmp, restarted_ranks={0, 1}, steps=STEPS)
+    evs = pods.events(run.out)
+    # Training went on in new worker processes (the launcher's restart count is no evidence: a restart
+    # caused by a node joining the rendezvous does not count as a retry and keeps it at 0).
+    after = [e for e in evs if e["ev"] == "step" and float(e["t_start"]) > run.killed_at]
+    new_pids = {
+        e["pid"] for e in evs if e["ev"] == "run_start" and e["rank"] == 0 and float(e["t"]) > run.killed_at
+    }
+    assert after and after[0]["pid"] in new_pids

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -10,14 +9,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
 from tests.helpers import free_port
-from tools.localpods import LocalJob, node_places, node_pod_spec
-from tools.podcommand import LocalPlaces, pod_argv
+from tests.trainer.resilience import _pods as pods
+from tools.localpods import LocalJob
 from trainer.resilience.heartbeat import RANK_MONITOR_SOCKET_ENV, Heartbeat
 
 
@@ -179,61 +177,9 @@ def test_termination_handler_rejects_bad_timeout() -> None:
 
 
 # ------------------------------------------------------------------ hard faults through ft_launcher
-# The pod command of Contract 2, run as LocalJob pods on 127.0.0.1. Timeouts are seconds, nested as
-# trainer/resilience/timeouts.py requires; the initial heartbeat timeout covers imports on a busy machine.
-# Six launcher restarts: a spurious timeout under heavy load costs one restart, not the test.
-# The chart's checkpoint mode, nvrx, commits a save at a later step than it starts it: faults fire at
-# step 9, right after the save of step 8 started, when steps 2 and 5 are surely committed and 8 surely not.
-STEPS = 12
-CKPT_INTERVAL = 3
-TIMEOUTS = {
-    # 6 s, not less: on a loaded 2-core machine the first step after a restart (FSDP's first gathers while
-    # the peer still builds its model) took over 4 s and a 4 s collective timeout restarted healthy runs.
-    "collective": 6.0,
-    "soft": 7.0,
-    "hard": 8.0,
-    "barrier": 9.0,
-    # Above the first nvrx save (its worker's cold start sends no heartbeat): at 10 s a loaded machine
-    # had the launcher kill healthy workers 4 times in a row before the test's own fault.
-    "heartbeat": 30.0,
-    "initial_heartbeat": 90.0,
-    "check_interval": 0.5,
-}
-JOB_TIMEOUT_S = 240.0
-
-
-def _pod_argv(places: LocalPlaces, nnodes: int, nproc: int, extra: list[str]) -> list[str]:
-    """The pod command as the chart renders it (tools/podcommand.py), with these values, then `extra`."""
-    t = TIMEOUTS
-    values = {
-        "nodes": nnodes,
-        "gpusPerNode": nproc,
-        "maxRestarts": 6,
-        "monitorInterval": 0.5,
-        "ftRankHeartbeatTimeout": t["heartbeat"],
-        "ftInitialRankHeartbeatTimeout": t["initial_heartbeat"],
-        "ftWorkloadCheckInterval": t["check_interval"],
-        "workersStopTimeout": 5,
-        "terminationGracePeriodSeconds": 15,  # --term-timeout=5
-        "rdzvJoinTimeout": 600,  # torch's own default
-        "preset": "tiny",
-        "seqLen": 32,
-        "microBatchSize": 2,
-        "steps": STEPS,
-        "seed": 1234,  # the trainer's default
-        "ckptInterval": CKPT_INTERVAL,
-        "ckptKeep": 2,
-        "ckptMode": "nvrx",  # the chart default
-        "collectiveTimeout": t["collective"],
-        "inprocessSoftTimeout": t["soft"],
-        "inprocessHardTimeout": t["hard"],
-        "inprocessBarrierTimeout": t["barrier"],
-        "inprocessLivenessTimeout": min(10, t["hard"]),  # must not exceed the hard timeout
-        "snapshotInterval": 0,  # these tests assert recovery from the durable checkpoint
-    }
-    return [*pod_argv(values, places), *extra]
-
-
+# The pod command of Contract 2, run as LocalJob pods on 127.0.0.1 (tests/trainer/resilience/_pods.py:
+# values, timeouts, the completion check). The lost pod: test_node_loss.py, one run with the survivor's
+# exit.
 @pytest.fixture(scope="module")
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainer.data import write_synthetic_tokens
@@ -243,52 +189,8 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_tokens(path, 200_000, PRESETS["tiny"].vocab_size, seed=7)
 
 
-def _job(tmp_path: Path, data: Path, *, nnodes: int, nproc: int, extra: list[str], **kw: Any) -> LocalJob:
-    port = free_port()
-    out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    specs = []
-    for i in range(nnodes):  # each pod on a node of its own: its own NVMe and /dev/shm folders
-        places = node_places(LocalPlaces(port, data, out), i)
-        argv = _pod_argv(places, nnodes, nproc, extra)
-        specs.append(node_pod_spec(f"pod-{i}", argv, env, tmp_path / f"pod-{i}.log", places))
-    return LocalJob(specs, host_port=port, **kw)
-
-
-def _events(out: Path) -> list[dict[str, Any]]:
-    evs = []
-    for path in sorted(out.glob("events.rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            if line.strip():
-                evs.append(json.loads(line))
-    return sorted(evs, key=lambda e: float(e["t"]))
-
-
-def _logs(tmp_path: Path, tail: int = 3000) -> str:
-    return "\n".join(f"--- {p.name}\n{p.read_text()[-tail:]}" for p in sorted(tmp_path.glob("pod-*.log")))
-
-
-def _assert_completed_once_more(out: Path, tmp_path: Path, restarted_ranks: set[int]) -> dict[str, Any]:
-    """The run finished every step; the given ranks ran in a new process that resumed from a checkpoint."""
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "completed", _logs(tmp_path)
-    assert summary["final_step"] == STEPS - 1 and summary["steps"] == STEPS
-    evs = _events(out)
-    starts = [e for e in evs if e["ev"] == "run_start"]
-    for rank in restarted_ranks:
-        pids = {e["pid"] for e in starts if e["rank"] == rank}
-        assert len(pids) >= 2, f"rank {rank} was not restarted in a new process: {pids}"
-    # The restart resumed from a committed checkpoint, not from scratch.
-    resumed = [e for e in evs if e["ev"] == "restore" and e["rank"] == 0 and int(e["step"]) >= 0]
-    assert resumed, "no restore from a checkpoint after the fault"
-    commits = {int(e["step"]) for e in evs if e["ev"] == "ckpt_commit"}
-    assert int(resumed[0]["step"]) in commits
-    # Every step number was completed by rank 0, the last one in the final incarnation.
-    done = {int(e["step"]) for e in evs if e["ev"] == "step"}
-    assert done == set(range(STEPS))
-    ends = [e for e in evs if e["ev"] == "run_end" and e["status"] == "completed"]
-    assert {e["rank"] for e in ends} == {0, 1}
-    return summary
+def _job(tmp_path: Path, data: Path, *, nnodes: int, nproc: int, extra: list[str]) -> LocalJob:
+    return pods.job(tmp_path, data, nnodes=nnodes, nproc=nproc, extra=extra)
 
 
 @pytest.mark.slow
@@ -298,16 +200,16 @@ def test_sigkilled_rank_is_restarted_by_ft_launcher(tmp_path: Path, token_file: 
         tmp_path, token_file, nnodes=1, nproc=2, extra=["--inprocess", "--fault=sigkill:step=9:rank=1"]
     ) as job:
         job.start()
-        result = job.wait(timeout_s=JOB_TIMEOUT_S)
-    assert result.succeeded, result.reason + _logs(tmp_path)
+        result = job.wait(timeout_s=pods.JOB_TIMEOUT_S)
+    assert result.succeeded, result.reason + pods.logs(tmp_path)
     out = tmp_path / "run"
-    summary = _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
+    summary = pods.assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
     (fault,) = summary["faults"]
     assert fault["type"] == "sigkill" and fault["rank"] == 1 and fault["step"] == 9
     assert fault["recovered"] and fault["restored_step"] == 5  # committed: 2 and 5; 8 was in flight
     # Tier 2 recovered it: the launcher stopped the survivor (its SIGTERM handler reported tier 2; its
     # Wrapper may have seen the dead peer first and reported tier 1) and restarted both workers.
-    evs = _events(out)
+    evs = pods.events(out)
     t_fault = float(fault["t"])
     detected = [e for e in evs if e["ev"] == "fault_detected" and float(e["t"]) >= t_fault]
     assert any(e["rank"] == 0 and int(e["tier"]) == 2 for e in detected), detected
@@ -336,53 +238,19 @@ def test_hung_ranks_are_detected_and_restarted(
     extra = ["--no-inprocess", *(f"--fault={f}" for f in faults)]
     with _job(tmp_path, token_file, nnodes=1, nproc=2, extra=extra) as job:
         job.start()
-        result = job.wait(timeout_s=JOB_TIMEOUT_S)
-    assert result.succeeded, result.reason + _logs(tmp_path)
+        result = job.wait(timeout_s=pods.JOB_TIMEOUT_S)
+    assert result.succeeded, result.reason + pods.logs(tmp_path)
     out = tmp_path / "run"
-    summary = _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
+    summary = pods.assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
     assert len(summary["faults"]) == len(faults)
     assert all(f["recovered"] and f["tier"] == 2 and f["restored_step"] == 5 for f in summary["faults"])
-    evs = _events(out)
+    evs = pods.events(out)
     t_fault = min(float(f["t"]) for f in summary["faults"])
     restarted = min(float(e["t"]) for e in evs if e["ev"] == "run_start" and float(e["t"]) > t_fault)
-    logs = _logs(tmp_path, tail=10**7)
+    logs = pods.logs(tmp_path, tail=10**7)
     if by_heartbeat:
         assert "Did not get subsequent heartbeat" in logs
         # Nothing else could have noticed before the heartbeat timeout.
-        assert restarted - t_fault >= TIMEOUTS["heartbeat"]
+        assert restarted - t_fault >= pods.TIMEOUTS["heartbeat"]
     else:
-        assert restarted - t_fault >= TIMEOUTS["collective"]
-
-
-@pytest.mark.slow
-def test_lost_pod_is_replaced_and_training_resumes(tmp_path: Path, token_file: Path) -> None:
-    out = tmp_path / "run"
-    with _job(tmp_path, token_file, nnodes=2, nproc=1, extra=["--inprocess"]) as job:
-        job.start()
-        killed_at = None
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        while killed_at is None and time.monotonic() < deadline:
-            assert job.poll() is None, _logs(tmp_path)
-            evs = _events(out) if out.exists() else []
-            if any(e["ev"] == "ckpt_commit" and int(e["step"]) >= 5 for e in evs) and any(
-                e["ev"] == "step" and int(e["step"]) >= 6 for e in evs
-            ):
-                old = job.pod(1).processes()
-                killed = job.kill_pod(1)
-                killed_at = time.time()
-                assert old <= killed
-            time.sleep(0.1)
-        assert killed_at is not None, "the run never reached step 6"
-        result = job.wait(timeout_s=JOB_TIMEOUT_S)
-    assert result.succeeded, result.reason + _logs(tmp_path)
-    assert next(e.reason for e in result.exits if e.index == 1) == "disrupted"
-    assert result.attempts(1) == 2 and result.attempts(0) == 1  # pod 0 survived; its workers restarted
-    _assert_completed_once_more(out, tmp_path, restarted_ranks={0, 1})
-    evs = _events(out)
-    # Training went on in new worker processes (the launcher's restart count is no evidence: a restart
-    # caused by a node joining the rendezvous does not count as a retry and keeps it at 0).
-    after = [e for e in evs if e["ev"] == "step" and float(e["t_start"]) > killed_at]
-    new_pids = {
-        e["pid"] for e in evs if e["ev"] == "run_start" and e["rank"] == 0 and float(e["t"]) > killed_at
-    }
-    assert after and after[0]["pid"] in new_pids
+        assert restarted - t_fault >= pods.TIMEOUTS["collective"]
