@@ -133,7 +133,8 @@ class Trainer:
                 raise Misuse(
                     "entrypoint",
                     f"{self.cfg.run.entrypoint} returned before job.loop ran its last step "
-                    f"({job.last_step} of {self.cfg.run.steps}): iterate job.loop(...) to its end",
+                    f"({job.last_step + 1} of {self.cfg.run.steps} steps done): iterate job.loop(...) "
+                    "to its end",
                 )
             assert session.model is not None and session.optim is not None
             parts = state_digests(session.model, session.optim, job.entries)

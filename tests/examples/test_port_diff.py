@@ -33,7 +33,7 @@ def test_the_doc_shows_the_real_diff() -> None:
     text = DOC.read_text()
     block = re.search(r"```diff\n(.*?)\n```", text, re.S)
     assert block, "docs/bring-your-own.md has no ```diff block"
-    assert block.group(1).splitlines() == port_diff(), "the doc's diff is stale: paste port_diff() of this module"
+    assert block.group(1).splitlines() == port_diff(), "stale diff in the doc: paste port_diff()"
 
 
 def test_the_doc_states_the_counts_and_a_port_writes_at_most_30_lines() -> None:

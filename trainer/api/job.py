@@ -191,7 +191,7 @@ class Job:
                 self._events.emit("data_position_unsaved", data=type(data).__name__)
         self.entries = entries
         self._session.attach(model, optimizer, loop_state, entries)
-        yield from self._steps(entries, loop_state, data)
+        return self._steps(entries, loop_state, data)  # checked now, at the call, not at the first next()
 
     def _steps(self, entries: dict[str, Any], loop_state: LoopState, data: Any) -> Iterator[tuple[int, Any]]:
         s, events, faults, cfg = self._session, self._events, self._faults, self._cfg

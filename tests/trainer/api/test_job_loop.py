@@ -247,7 +247,7 @@ def test_a_function_that_returns_before_the_last_step(site: Path, tokens: Path, 
     lines = [line for line in run.stderr.splitlines() if line.startswith("config error:")]
     assert lines == [
         f"config error: entrypoint: {TEAM}:returns_early returned before job.loop ran its last step "
-        "(0 of 4): iterate job.loop(...) to its end"
+        "(1 of 4 steps done): iterate job.loop(...) to its end"
     ], run.stderr[-4000:]
     assert "Traceback" not in run.stderr
     evs = events(tmp_path / "out")
