@@ -152,6 +152,7 @@ class Trainer:
                 write_summary(self.cfg.run.out_dir)
             self.snapshots.finish()
             ping(call_wrapper)
+            job.release()
             self.job = None
             session.teardown()
             return digest
@@ -163,7 +164,11 @@ class Trainer:
             self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             if self.job is not None:
                 self.last_step = max(self.last_step, self.job.last_step)
-            self.job = None  # the Job holds the session: nothing may keep the process group alive
+                # The Job holds what the function built (the model, so its process group): a survivor
+                # that kept it alive held its gloo sockets open, and a peer blocked in a collective with
+                # it waited out the collective timeout (tests/trainer/resilience/test_inprocess.py).
+                self.job.release()
+            self.job = None
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.
             drop_frames(exc)

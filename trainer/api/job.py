@@ -246,6 +246,11 @@ class Job:
         self.last_step = loop_state.step
         self.finished = True
 
+    def release(self) -> None:
+        """Drop every reference to what the attempt built (the library calls it when the attempt ends):
+        the model's last reference must go with the session, or gloo keeps its sockets open."""
+        self.entries = {}
+
     def ping(self) -> None:
         """Tell the in-process Wrapper that this rank made progress (its soft timeout counts from here).
 
