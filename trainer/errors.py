@@ -38,5 +38,9 @@ def error_line(exc: UnrecoverableError) -> str:
     Control characters (a newline in a flag value, a path, a file's first bytes) are escaped, so the
     message stays one line whatever the input held.
     """
-    text = f"config error: {exc.field}: {exc.why}"
+    return printable(f"config error: {exc.field}: {exc.why}")
+
+
+def printable(text: str) -> str:
+    """`text` with unprintable characters escaped (a path may hold any byte but NUL and '/')."""
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -63,12 +63,10 @@ class Session:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.model: torch.nn.Module | None = None
-        self.optim: torch.optim.Optimizer | None = None
         self.ckpt: Any = None
-        self.trainer: Any = None
-        """The loop's own state (trainer/api/job.py LoopState): last step, data position, RNG."""
         self.entries: dict[str, Any] = {}
+        """What the training function built, by checkpoint name (trainer/api/job.py `Job.loop`): model,
+        optim, trainer (the loop's own state: last step, data position, RNG), scheduler, the team's."""
         self.mesh: Any = None
         self.extra_meshes: list[Any] = []
         self.device: torch.device | None = None
@@ -127,14 +125,18 @@ class Session:
         self.known_groups |= process_groups()
         return mesh
 
-    def attach(
-        self, model: torch.nn.Module, optim: torch.optim.Optimizer, trainer: Any, entries: dict[str, Any]
-    ) -> None:
-        """What the training function built (trainer/api/job.py `Job.loop`), for the digest and teardown."""
-        self.model, self.optim, self.trainer, self.entries = model, optim, trainer, entries
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.entries.get("model")
 
-    def state(self) -> dict[str, Any]:
-        return self.entries
+    @property
+    def optim(self) -> torch.optim.Optimizer | None:
+        return self.entries.get("optim")
+
+    @property
+    def trainer(self) -> Any:
+        """The loop's own state (trainer/api/job.py LoopState), None before `job.loop`."""
+        return self.entries.get("trainer")
 
     def teardown(self) -> None:
         """Close the checkpoint manager, drop every reference, destroy the process group. Idempotent."""
@@ -151,7 +153,7 @@ class Session:
             for mesh in (self.mesh, *self.extra_meshes):
                 if mesh is not None:
                     release_mesh_groups(mesh)
-            self.model = self.optim = self.ckpt = self.trainer = self.mesh = None
+            self.ckpt = self.mesh = None
             self.entries, self.extra_meshes = {}, []
             # The collection in there matters: FSDP hooks form reference cycles, and the group (with
             # its sockets) dies only when they are collected.

@@ -20,29 +20,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 
-def state_sha256(
-    model: torch.nn.Module, optim: torch.optim.Optimizer, entries: Mapping[str, Any] | None = None
-) -> str | None:
-    """sha256 of the full (unsharded) model and optimizer state and of every rank's other entries (the
-    loop's step, data position and RNG streams, the scheduler, the team's state); a collective, the
-    digest is on rank 0."""
-    whole = state_digests(model, optim, entries)
-    return None if whole is None else whole["all"]
-
-
-def state_digests(
-    model: torch.nn.Module, optim: torch.optim.Optimizer, entries: Mapping[str, Any] | None = None
-) -> dict[str, Any] | None:
-    """On rank 0: {"all": the digest, "model": .., "optim": .., "<entry>": [one per rank], ...} (hex),
-    so that a run that diverged says where; None on the other ranks. A collective."""
+def state_digests(entries: Mapping[str, Any]) -> dict[str, Any] | None:
+    """sha256 of the full (unsharded) model and optimizer state of `entries` and of every rank's other
+    entries (the loop's step, data position and RNG streams, the scheduler, the team's state). On rank 0:
+    {"all": the digest, "model": .., "optim": .., "<entry>": [one per rank], ...} (hex), so that a run
+    that diverged says where; None on the other ranks. A collective."""
+    model, optim = entries["model"], entries["optim"]
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = {
         "model": get_model_state_dict(model, options=opts),
         "optim": get_optimizer_state_dict(model, optim, options=opts),
     }
     # The per-rank entries differ between ranks: each rank hashes its own, rank 0 gathers all of them.
-    given = dict(entries or {})
-    states = {name: given[name].state_dict() for name in sorted(given) if name not in ("model", "optim")}
+    states = {name: entries[name].state_dict() for name in sorted(entries) if name not in ("model", "optim")}
     own = bytearray()
     for value in states.values():
         part = hashlib.sha256()

@@ -136,8 +136,7 @@ class Trainer:
                     f"({job.last_step + 1} of {self.cfg.run.steps} steps done): iterate job.loop(...) "
                     "to its end",
                 )
-            assert session.model is not None and session.optim is not None
-            parts = state_digests(session.model, session.optim, job.entries)
+            parts = state_digests(session.entries)
             digest = None if parts is None else parts.pop("all")
             ping(call_wrapper)  # the full-state gather and hash may take long on a big model
             self.events.emit(
@@ -152,7 +151,6 @@ class Trainer:
                 write_summary(self.cfg.run.out_dir)
             self.snapshots.finish()
             ping(call_wrapper)
-            job.release()
             self.job = None
             session.teardown()
             return digest
@@ -164,10 +162,6 @@ class Trainer:
             self.failed_at = session.trainer.step + 1 if session.trainer is not None else -1
             if self.job is not None:
                 self.last_step = max(self.last_step, self.job.last_step)
-                # The Job holds what the function built (the model, so its process group): a survivor
-                # that kept it alive held its gloo sockets open, and a peer blocked in a collective with
-                # it waited out the collective timeout (tests/trainer/resilience/test_inprocess.py).
-                self.job.release()
             self.job = None
             # The traceback's frames hold the model (and so the process group): drop them before the
             # teardown, or gloo keeps its sockets and the peers stay blocked until the collective timeout.

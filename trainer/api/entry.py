@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from trainer.api.job import TrainFn
 from trainer.components import check_entrypoint
 from trainer.config import split_entry_args
-from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
+from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line, printable
+from trainer.failures import one_line
 from trainer.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -60,9 +61,9 @@ def resolve(entrypoint: str) -> TrainFn:
                 f"no module {module_name} in this image ({exc.name} not found): install the team's code into "
                 "the image (docs/bring-your-own.md)",
             ) from None
-        raise ConfigError("entrypoint", f"importing {module_name} failed: {_one_line(exc)}") from None
+        raise ConfigError("entrypoint", f"importing {module_name} failed: {one_line(exc)}") from None
     except Exception as exc:  # a team module that raises at import: the same error at every restart
-        raise ConfigError("entrypoint", f"importing {module_name} failed: {_one_line(exc)}") from None
+        raise ConfigError("entrypoint", f"importing {module_name} failed: {one_line(exc)}") from None
     fn = getattr(module, attr, None)
     if fn is None:
         raise ConfigError("entrypoint", f"{module_name} has no {attr}")
@@ -77,11 +78,6 @@ def resolve(entrypoint: str) -> TrainFn:
     except ValueError:  # no signature to inspect (a builtin): let the call tell
         pass
     return fn
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
 
 
 def main(train: TrainFn, argv: Sequence[str] | None = None) -> None:
@@ -153,8 +149,3 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
 
         record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return EXIT_NO_RESTART
-
-
-def printable(text: str) -> str:
-    """`text` with unprintable characters escaped (a path may hold any byte but NUL and '/')."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)

@@ -83,10 +83,14 @@ class Job:
         self.finished = False
         """True once `loop` ran its last step and the final save committed."""
         self.last_step = -1
-        self.entries: dict[str, Any] = {}
-        """What the checkpoints hold, by name (model, optim, trainer, scheduler, the team's state)."""
 
     # What the training function may read.
+    @property
+    def entries(self) -> dict[str, Any]:
+        """What the checkpoints hold, by name (model, optim, trainer, scheduler, the team's state); held
+        by the session alone, so its teardown drops the last reference to the model and its groups."""
+        return self._session.entries
+
     @property
     def rank(self) -> int:
         return self._proc.rank
@@ -189,8 +193,7 @@ class Job:
             )
             if self.rank == 0:
                 self._events.emit("data_position_unsaved", data=type(data).__name__)
-        self.entries = entries
-        self._session.attach(model, optimizer, loop_state, entries)
+        self._session.entries = entries
         return self._steps(entries, loop_state, data)  # checked now, at the call, not at the first next()
 
     def _steps(self, entries: dict[str, Any], loop_state: LoopState, data: Any) -> Iterator[tuple[int, Any]]:
@@ -245,11 +248,6 @@ class Job:
         self.ping()
         self.last_step = loop_state.step
         self.finished = True
-
-    def release(self) -> None:
-        """Drop every reference to what the attempt built (the library calls it when the attempt ends):
-        the model's last reference must go with the session, or gloo keeps its sockets open."""
-        self.entries = {}
 
     def ping(self) -> None:
         """Tell the in-process Wrapper that this rank made progress (its soft timeout counts from here).

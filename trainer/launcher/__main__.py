@@ -51,11 +51,12 @@ def entry_module(command: list[str]) -> list[str]:
         return []
     args = command[command.index("trainer") + 1 :]
     args = args[: args.index("--")] if "--" in args else args
+    from trainer.components import ENTRYPOINT_PATTERN  # stdlib only: the launcher stays light
+
     for arg in args:
-        if arg.startswith("--entrypoint="):
-            module = arg.removeprefix("--entrypoint=").partition(":")[0]
-            if module and all(part.isidentifier() for part in module.split(".")):
-                return [module]
+        value = arg.removeprefix("--entrypoint=")
+        if value != arg and ENTRYPOINT_PATTERN.fullmatch(value):
+            return [value.partition(":")[0]]
     return []
 
 
