@@ -4,6 +4,11 @@ Pods killed through `kill_pod` count as disruptions (a lost node, which a podFai
 `DisruptionTarget` does not count), other failures count against `backoff_limit`, and an exit code listed
 in `fail_job_exit_codes` fails the job at once (podFailurePolicy `FailJob`).
 
+With a rendezvous port it also plays the chart's rendezvous Deployment: one service process
+(`python -m trainer.launcher.rendezvous`, trainer/launcher/rendezvous.py) started before the pods and
+replaced whenever it ends while the job runs; every pod's launcher is a client of it (`is_host=0`), so no
+pod hosts the store and losing pod 0 is losing any node. `kill_rendezvous` loses it (its pod deleted).
+
 The pods themselves (process trees killed whole) are tools/localpod.py.
 """
 
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.localpod import LocalPod
-from tools.podcommand import launcher_argv
+from tools.podcommand import launcher_argv, rendezvous_argv
 
 #: Launchers whose rendezvous takes torch's `--rdzv-conf` (and its `is_host` key).
 RDZV_LAUNCHERS = ("ft_launcher", "torchrun")
@@ -98,17 +103,20 @@ class LocalJob:
         replace_delay_s: float = 0.0,
         host_port: int | None = None,
         host_wait_s: float = 30.0,
+        rendezvous_log: Path | None = None,
+        rendezvous_restart_delay_s: float = 0.5,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         """`backoff_limit`: pod failures (not disruptions) tolerated; `replace_delay_s`: time before a
         replacement starts (a real scheduler takes seconds to minutes); `on_event(kind, fields)`: progress
         callback ("pod_start", "pod_exit").
 
-        `host_port`: the rendezvous port that pod 0's launcher serves. On a cluster only pod 0 matches
-        the endpoint's host name, so it alone hosts the c10d store. On one machine every launcher
-        matches 127.0.0.1 and the first to bind wins, so `start` waits (up to `host_wait_s`) until
-        pod 0 listens there before starting the others; replacements of other pods then join as
-        clients. With `host_port`, each launcher is also told whether it hosts (`with_rdzv_host`)."""
+        `host_port`: the rendezvous port. The rendezvous service (its command derived from pod 0's
+        launcher options, `rendezvous_argv`; log `rendezvous_log`, default beside pod 0's) listens there
+        before any pod starts (`start` waits up to `host_wait_s`), and every launcher is told it is
+        a client (`is_host=0`, `with_rdzv_host`: on one machine every launcher matches 127.0.0.1 and
+        would otherwise try to host). The service is replaced `rendezvous_restart_delay_s` after it
+        ends while the job runs (a Deployment's new pod; a real one takes seconds)."""
         if not pods:
             raise ValueError("pods: at least one pod is needed")
         if backoff_limit < 0:
@@ -121,6 +129,11 @@ class LocalJob:
         self._replace_delay_s = replace_delay_s
         self._host_port = host_port
         self._host_wait_s = host_wait_s
+        self._rendezvous_log = rendezvous_log or self._specs[0].log_path.with_name("rendezvous.log")
+        self._rendezvous_restart_delay_s = rendezvous_restart_delay_s
+        self._rendezvous: LocalPod | None = None
+        self._rendezvous_starts = 0
+        self._rendezvous_due: float | None = None
         self._on_event = on_event
         self._pods: dict[int, LocalPod] = {}
         self._attempt: dict[int, int] = {}
@@ -139,11 +152,23 @@ class LocalJob:
         self.stop()
 
     def start(self) -> None:
-        """Start every index's first pod, in index order (index 0 first, as the rendezvous host)."""
+        """Start the rendezvous service (with a rendezvous port), then every index's first pod."""
+        if self._host_port is not None:
+            self._start_rendezvous()
+            self._wait_listening(self._host_port)
         for index in range(len(self._specs)):
             self._start_pod(index)
-            if index == 0 and self._host_port is not None:
-                self._wait_listening(self._host_port)
+
+    @property
+    def rendezvous_starts(self) -> int:
+        """How many rendezvous service processes were started (1 + replacements)."""
+        return self._rendezvous_starts
+
+    def kill_rendezvous(self) -> set[int]:
+        """Lose the rendezvous service (SIGKILL, no socket closed); it is replaced while the job runs."""
+        if self._rendezvous is None:
+            raise RuntimeError("kill_rendezvous: this job has no rendezvous service (no host_port)")
+        return self._rendezvous.kill()
 
     def pod(self, index: int) -> LocalPod:
         """The current pod of `index`."""
@@ -164,6 +189,7 @@ class LocalJob:
         if self._result is not None:
             return self._result
         now = time.time()
+        self._keep_rendezvous(now)
         for index, pod in list(self._pods.items()):
             if index in self._done or index in self._pending:
                 continue
@@ -201,8 +227,8 @@ class LocalJob:
         return self._finish(False, f"timed out after {timeout_s:.0f} s")
 
     def stop(self) -> None:
-        """Kill every pod still running (teardown; not recorded as exits)."""
-        for pod in self._pods.values():
+        """Kill every pod still running and the rendezvous service (teardown; not recorded as exits)."""
+        for pod in [*self._pods.values(), *([self._rendezvous] if self._rendezvous else [])]:
             try:
                 if pod.poll() is None or pod.processes():
                     pod.kill()
@@ -218,22 +244,45 @@ class LocalJob:
         for directory in spec.fresh_dirs:
             shutil.rmtree(directory, ignore_errors=True)
             directory.mkdir(parents=True)
-        argv = with_rdzv_host(spec.argv, index == 0) if self._host_port is not None else list(spec.argv)
+        argv = with_rdzv_host(spec.argv, False) if self._host_port is not None else list(spec.argv)
         pod = LocalPod(spec.name, argv, spec.env, spec.log_path)
         pod.start()
         self._pods[index] = pod
         self._emit("pod_start", {"index": index, "attempt": attempt, "pid": pod.pid, "name": spec.name})
 
+    def _start_rendezvous(self) -> None:
+        spec = self._specs[0]
+        argv = rendezvous_argv(with_rdzv_host(spec.argv, False))
+        env = {k: v for k, v in spec.env.items() if not k.startswith("TRAINER_PREFORK")}
+        self._rendezvous = LocalPod("rendezvous", argv, env, self._rendezvous_log)
+        self._rendezvous.start()
+        self._rendezvous_starts += 1
+        self._emit("rendezvous_start", {"pid": self._rendezvous.pid, "start": self._rendezvous_starts})
+
+    def _keep_rendezvous(self, now: float) -> None:
+        """The Deployment's part: a rendezvous service that ended is replaced after the restart delay."""
+        if self._rendezvous is None:
+            return
+        if self._rendezvous_due is None:
+            rc = self._rendezvous.poll()
+            if rc is None:
+                return
+            self._emit("rendezvous_exit", {"returncode": rc})
+            self._rendezvous_due = now + self._rendezvous_restart_delay_s
+        if now >= self._rendezvous_due:
+            self._rendezvous_due = None
+            self._start_rendezvous()
+
     def _wait_listening(self, port: int) -> None:
         deadline = time.monotonic() + self._host_wait_s
         while time.monotonic() < deadline:
-            if self._pods[0].poll() is not None:
-                return  # pod 0 died at start; the controller deals with it in poll()
+            if self._rendezvous is not None and self._rendezvous.poll() is not None:
+                raise RuntimeError(f"the rendezvous service exited at start: see {self._rendezvous_log}")
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     return
             time.sleep(0.05)
-        raise TimeoutError(f"host_port: pod 0 not listening on 127.0.0.1:{port} after {self._host_wait_s} s")
+        raise TimeoutError(f"host_port: the rendezvous service is not listening on 127.0.0.1:{port} after {self._host_wait_s} s")
 
     def _classify(self, index: int, rc: int) -> str:
         if index in self._disrupted:

@@ -142,3 +142,30 @@ def trainer_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
         if argv[i : i + 2] == ["-m", "trainer"]:
             return argv[i:]
     raise RenderError(f"no `-m trainer` in the pod command: {argv}")
+
+
+#: The launcher options the rendezvous service takes over from the pod command (same names, same
+#: values): the node range, backend, endpoint, rendezvous id and its --rdzv-conf.
+RENDEZVOUS_OPTIONS = ("--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf")
+
+
+def rendezvous_argv(pod_command: list[str]) -> list[str]:
+    """The rendezvous service's command for the job whose pods run `pod_command` (the chart's
+    `<release>-rendezvous` Deployment runs the same: tests/chart check the two agree): this venv's
+    `python -m trainer.launcher.rendezvous` with the launcher's rendezvous options, less the `is_host`
+    key a local harness adds (the service is the host; every launcher is a client)."""
+    launcher = launcher_argv(pod_command)
+    options = []
+    for arg in launcher[1:]:
+        if arg in ("-m", "--"):
+            break
+        name, _, value = arg.partition("=")
+        if name not in RENDEZVOUS_OPTIONS:
+            continue
+        if name == "--rdzv-conf":
+            value = ",".join(kv for kv in value.split(",") if kv and not kv.startswith("is_host="))
+        options.append(f"{name}={value}")
+    missing = [o for o in RENDEZVOUS_OPTIONS[:4] if not any(a.startswith(o + "=") for a in options)]
+    if missing:
+        raise RenderError(f"the pod command has no {', '.join(missing)}: {pod_command}")
+    return [sys.executable, "-m", "trainer.launcher.rendezvous", *options, "--ft-enable-log-server=false"]

@@ -29,11 +29,17 @@ def main(argv: list[str]) -> int:
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
 
     from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
-    from trainer.launcher.patches import beat_after_rendezvous, skip_idle_group_grace, sync_before_round_wait
+    from trainer.launcher.patches import (
+        beat_after_rendezvous,
+        skip_idle_group_grace,
+        sticky_group_ranks,
+        sync_before_round_wait,
+    )
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
 
     skip_idle_group_grace(launcher)
     sync_before_round_wait(ft_rendezvous_barrier)
+    sticky_group_ranks(ft_rendezvous_barrier)  # when this launcher hosts the store (no rendezvous service)
     endpoint = rdzv_endpoint(argv[1:])
     try:
         if endpoint:

@@ -9,6 +9,9 @@ names its upstream report and the canary test that fails once NVRx no longer nee
   ::test_nvrx_step_0_as_shipped_sleeps_a_second_first.
 * `beat_after_rendezvous` (launcher.LocalElasticAgent._rendezvous): docs/nvrx-no-liveness-after-round.md;
   canary tests/trainer/launcher/test_patches.py::test_nvrx_barrier_rendezvous_still_has_no_liveness.
+* `sticky_group_ranks` (ft_rendezvous_barrier._RendezvousBarrierState._assign_group_ranks, on the store
+  host: the rendezvous service, trainer/launcher/rendezvous.py): docs/nvrx-group-rank-shift.md; canary
+  tests/trainer/launcher/test_patches.py::test_nvrx_assignment_as_shipped_moves_survivors_down.
 """
 
 from __future__ import annotations
@@ -111,3 +114,54 @@ def sync_before_round_wait(barrier_module: Any) -> bool:
     sync_then_wait._syncs_first = True  # type: ignore[attr-defined]
     state._wait_for_rendezvous_open = sync_then_wait
     return True
+
+
+# ------------------------------------------------------------------ barrier rendezvous: group ranks
+# NVRx 0.7's store host assigns a round's group ranks 0..world-1 to the active candidates in
+# infrastructure-rank order, compacted: when node k is lost, every survivor above k moves down one rank
+# and the spare goes last. A survivor's /dev/shm snapshots are of its old ranks, so after a loss below
+# it they are another rank's state, and the group fell back to the durable checkpoint (seen: losing
+# pod 0 restored step 31 from FSx, 5 steps recomputed, instead of step 35 from memory and the peer).
+# Upstream report: docs/nvrx-group-rank-shift.md.
+
+
+def sticky_group_ranks(barrier_module: Any) -> bool:
+    """Wrap the store host's `_RendezvousBarrierState._assign_group_ranks` so that a node active in the
+    previous round it closed keeps its group rank; the ranks left free go to the other candidates in
+    NVRx's own order, and the rest stand by as NVRx ranks them. Segment-aware rounds (`segment` set:
+    whole NVLink domains) keep NVRx's assignment. Returns whether the installed NVRx has the method
+    (False: nothing patched)."""
+    state: Any = getattr(barrier_module, "_RendezvousBarrierState", None)
+    original = getattr(state, "_assign_group_ranks", None)
+    if original is None:
+        return False
+    if getattr(original, "_sticky", False):
+        return True
+
+    @functools.wraps(original)
+    def assign_keeping_survivors(self: Any, active: Any, world_size: int, *args: Any, **kwargs: Any) -> Any:
+        assigned = original(self, active, world_size, *args, **kwargs)
+        if getattr(self, "segment", None) is None:
+            assigned = keep_previous_ranks(assigned, getattr(self, "_trainer_previous_ranks", {}), world_size)
+        self._trainer_previous_ranks = {node: rank for node, rank in assigned.items() if rank < world_size}
+        return assigned
+
+    assign_keeping_survivors._sticky = True  # type: ignore[attr-defined]
+    state._assign_group_ranks = assign_keeping_survivors
+    return True
+
+
+def keep_previous_ranks(assigned: dict[Any, int], previous: dict[Any, int], world_size: int) -> dict[Any, int]:
+    """`assigned` (node -> group rank, NVRx's: ranks < world_size active, the rest standby) changed so
+    that every active node that held an active rank in `previous` holds it again; the free active ranks
+    go, in ascending order, to the other active nodes in the order NVRx ranked them. Standby ranks are
+    unchanged. Pure, for the tests."""
+    active = sorted((n for n, r in assigned.items() if r < world_size), key=lambda n: assigned[n])
+    kept = {n: previous[n] for n in active if previous.get(n, world_size) < world_size}
+    if len(set(kept.values())) != len(kept):  # cannot happen with one host's memory; be NVRx then
+        return assigned
+    free = iter(r for r in range(world_size) if r not in set(kept.values()))
+    result = dict(assigned)
+    for node in active:
+        result[node] = kept[node] if node in kept else next(free)
+    return result

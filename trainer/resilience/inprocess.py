@@ -54,10 +54,10 @@ from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 from nvidia_resiliency_ext.inprocess.health_check import CudaHealthCheck, FaultCounter, HealthCheck
 from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment, RankAssignmentCtx
 from nvidia_resiliency_ext.inprocess.state import Mode
-from nvidia_resiliency_ext.inprocess.store import TCPStore
+from nvidia_resiliency_ext.inprocess.store import StoreMixin, TCPStore
 
 from trainer.errors import UnrecoverableError
-from trainer.resilience.liveness import NodeLost, RoundWatch
+from trainer.resilience.liveness import LIVENESS_STORE_ENV, NodeLost, RoundWatch, parse_endpoint
 from trainer.resilience.timeouts import Ports, Timeouts
 from trainer.verdict import RepeatGuard
 
@@ -135,9 +135,44 @@ LIVENESS_POLL_S = 1.0
 """How often a worker in the initial barrier looks at its round's node beats (trainer/resilience/liveness)."""
 
 
-class WrapperStore(TCPStore):
-    """NVRx's TCPStore with two changes, for the worker's Wrapper and its monitor process alike (NVRx
-    builds both from the Wrapper's store_factory):
+class _WrapperBarriers:
+    """The two changes both Wrapper stores make to NVRx's store (see WrapperStore); a mixin in front of
+    NVRx's `StoreMixin` so that `super()` reaches NVRx's barriers and torch's `wait`."""
+
+    liveness_timeout: float | None
+    round_watch: RoundWatch | None
+
+    def termination_barrier(self, ranks: Any, *args: Any, **kwargs: Any) -> Any:
+        return super().termination_barrier([int(r) for r in ranks], *args, **kwargs)  # type: ignore[misc]
+
+    def initial_barrier(self, *args: Any, **kwargs: Any) -> Any:
+        watch = RoundWatch.from_env(self.liveness_timeout) if self.liveness_timeout else None
+        if watch is None:
+            return super().initial_barrier(*args, **kwargs)  # type: ignore[misc]
+        watch.check()  # the clock of a node that has not beaten yet starts here
+        kwargs["timeout_chunk"] = timedelta(seconds=LIVENESS_POLL_S)
+        self.round_watch = watch
+        try:
+            return super().initial_barrier(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.round_watch = None
+
+    def wait(self, keys: Any, *args: Any) -> Any:
+        """NVRx's barriers wait through this; in the initial barrier a chunk that timed out looks at the
+        round's beats before NVRx waits again."""
+        try:
+            return super().wait(keys, *args)  # type: ignore[misc]
+        except torch.distributed.DistStoreError:
+            if self.round_watch is not None:
+                self.round_watch.check()
+            raise
+
+
+class WrapperStore(_WrapperBarriers, TCPStore):
+    """NVRx's TCPStore, hosted by global rank 0, with two changes, for the worker's Wrapper and its
+    monitor process alike (NVRx builds both from the Wrapper's store_factory). Used only where no launcher
+    store is known (TRAINER_LIVENESS_STORE unset: torchrun, the plain ft_launcher script); otherwise
+    `LauncherWrapperStore`, which does not die with rank 0's node.
 
     * The termination barrier takes ranks as ints even when NVRx passes bytes:
       `SiblingMonitor.terminate_unresponsive_ranks` passes `store.get_initial_ranks(...)`, raw
@@ -158,32 +193,47 @@ class WrapperStore(TCPStore):
         kwargs.setdefault("wait_for_workers", False)
         super().__init__(**kwargs)
         self.liveness_timeout = liveness_timeout
-        self.round_watch: RoundWatch | None = None
+        self.round_watch = None
 
-    def termination_barrier(self, ranks: Any, *args: Any, **kwargs: Any) -> Any:
-        return super().termination_barrier([int(r) for r in ranks], *args, **kwargs)
 
-    def initial_barrier(self, *args: Any, **kwargs: Any) -> Any:
-        watch = RoundWatch.from_env(self.liveness_timeout) if self.liveness_timeout else None
-        if watch is None:
-            return super().initial_barrier(*args, **kwargs)
-        watch.check()  # the clock of a node that has not beaten yet starts here
-        kwargs["timeout_chunk"] = timedelta(seconds=LIVENESS_POLL_S)
-        self.round_watch = watch
-        try:
-            return super().initial_barrier(*args, **kwargs)
-        finally:
-            self.round_watch = None
+class LauncherWrapperStore(_WrapperBarriers, torch.distributed.PrefixStore, StoreMixin):
+    """The Wrapper's store in the launchers' rendezvous store (the rendezvous service's,
+    trainer/launcher/rendezvous.py), under a namespace of this job's rendezvous round: no rank hosts it,
+    so losing the node of global rank 0 leaves the survivors a store to agree through, and they leave to
+    tier 2 within the liveness timeout instead of waiting for their launcher's heartbeat timeout on a
+    dead host (seen: 30 s). The namespace holds the round (TORCHELASTIC_RESTART_COUNT) because each
+    round's workers count their in-process iterations from 0 again. NVRx then treats no rank as critical
+    (`critical_ranks` is empty), so no rank waits at exit for the others to leave the store."""
 
-    def wait(self, keys: Any, *args: Any) -> Any:
-        """NVRx's barriers wait through this; in the initial barrier a chunk that timed out looks at the
-        round's beats before NVRx waits again."""
-        try:
-            return super().wait(keys, *args)
-        except torch.distributed.DistStoreError:
-            if self.round_watch is not None:
-                self.round_watch.check()
-            raise
+    def __init__(self, endpoint: str, namespace: str, timeout: timedelta, liveness_timeout: float | None = None) -> None:
+        host, port = parse_endpoint(endpoint)
+        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        torch.distributed.PrefixStore.__init__(self, namespace, client)
+        self.liveness_timeout = liveness_timeout
+        self.round_watch = None
+
+
+def wrapper_store(timeouts: Timeouts, ports: Ports, env: Any = None) -> tuple[type, dict[str, Any]]:
+    """(store_factory, store_kwargs) for the Wrapper: the launchers' store when the launcher exported it
+    (TRAINER_LIVENESS_STORE, trainer/launcher/ft.py), else a store hosted by global rank 0."""
+    env = os.environ if env is None else env
+    barrier_timeout = timeouts.wrapper_kwargs()["barrier_timeout"]
+    endpoint = env.get(LIVENESS_STORE_ENV)
+    if endpoint:
+        run_id = env.get("TORCHELASTIC_RUN_ID", "local")
+        round_ = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return LauncherWrapperStore, {
+            "endpoint": endpoint,
+            "namespace": f"trainer/inprocess/{run_id}/{round_}",
+            "timeout": barrier_timeout,
+            "liveness_timeout": timeouts.liveness_timeout,
+        }
+    return WrapperStore, {
+        "host_name": ports.host,
+        "port": ports.inprocess_port,
+        "timeout": barrier_timeout,
+        "liveness_timeout": timeouts.liveness_timeout,
+    }
 
 
 class LeaveToTier2(RestartAbort):
@@ -247,15 +297,11 @@ def _without_local_rank_on_cpu():
 def make_wrapper(timeouts: Timeouts, ports: Ports) -> inprocess.Wrapper:
     """A Wrapper configured from the one place that holds timeouts and ports."""
     health = inprocess.Compose(CpuSafeHealthCheck(), FaultCounter(max_rank_faults=MAX_INPROCESS_RESTARTS))
+    factory, store_kwargs = wrapper_store(timeouts, ports)
     with _without_local_rank_on_cpu():
         wrapper = inprocess.Wrapper(
-            store_factory=WrapperStore,
-            store_kwargs={
-                "host_name": ports.host,
-                "port": ports.inprocess_port,
-                "timeout": timeouts.wrapper_kwargs()["barrier_timeout"],
-                "liveness_timeout": timeouts.liveness_timeout,
-            },
+            store_factory=factory,
+            store_kwargs=store_kwargs,
             abort=DestroyGroupsAbort(),
             health_check=health,
             rank_assignment=FixedWorld(),
