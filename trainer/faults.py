@@ -242,8 +242,12 @@ def _lose_node() -> None:
     and only this process dies.
     """
     from trainer.launcher.prefork import launcher_pid
+    from trainer.launcher.supervise import SUPERVISOR_PID_ENV
 
     agent = launcher_pid()  # a prefork worker's parent is the pod's zygote, not the launcher
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV, "")
+    if supervisor.isdigit() and int(supervisor) > 1:
+        agent = int(supervisor)  # the pod's main process, which leads the pod's process group
     if os.environ.get("TORCHELASTIC_RUN_ID") and agent > 1:
         try:
             if os.getpgid(agent) == agent:

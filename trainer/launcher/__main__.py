@@ -4,8 +4,10 @@ start the pod's zygote (trainer/launcher/prefork/), then exec COMMAND (ft_launch
 ft_launcher is exec'd as `python -m trainer.launcher.ft <its path> ...`: NVRx's launcher in the same
 process, with the launcher patches of trainer/launcher/patches.py applied.
 
-The exec keeps COMMAND the container's main process (signals from the kubelet reach it as before); the
-zygote is its child and dies with it. The zygote's socket lives in a fresh 0700 directory under the
+For ft_launcher this process stays the container's main process and supervises it
+(trainer/launcher/supervise.py): signals from the kubelet are forwarded, and ft_launcher is started again
+on this pod when the job's rendezvous service was replaced. Any other COMMAND is exec'd. The zygote is
+this process's child and dies with it. The zygote's socket lives in a fresh 0700 directory under the
 temporary dir (the pod's /tmp scratch volume), named to COMMAND and its workers by the environment.
 """
 
@@ -38,8 +40,13 @@ def main(argv: list[str]) -> int:
     os.environ[SOCKET_ENV] = path
     os.environ[PID_ENV] = str(zygote.pid)
     if os.path.basename(command[0]) == "ft_launcher":
-        # NVRx's launcher with the patches of trainer/launcher/patches.py (ft.py).
-        os.execv(sys.executable, [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]])
+        # NVRx's launcher with the patches of trainer/launcher/patches.py (ft.py), as a child of this
+        # process, which restarts it when the job's rendezvous service was replaced (supervise.py).
+        from trainer.launcher.beat import rdzv_endpoint
+        from trainer.launcher.supervise import supervise
+
+        ft = [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]]
+        return supervise(ft, rdzv_endpoint(command[1:]), os.path.join(os.path.dirname(path), "rendezvous.epoch"))
     os.execvp(command[0], command)
     return 127  # pragma: no cover - execvp returns only by raising
 

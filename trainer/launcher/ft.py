@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 
 def main(argv: list[str]) -> int:
@@ -29,6 +30,7 @@ def main(argv: list[str]) -> int:
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
 
     from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
+    from trainer.launcher.supervise import EPOCH_FILE_ENV, write_epoch_when_reachable
     from trainer.launcher.patches import (
         beat_after_rendezvous,
         skip_idle_group_grace,
@@ -49,6 +51,9 @@ def main(argv: list[str]) -> int:
         endpoint = None
     if endpoint and beat_after_rendezvous(launcher, LauncherBeat(endpoint)):
         os.environ[LIVENESS_STORE_ENV] = endpoint
+    epoch_file = os.environ.get(EPOCH_FILE_ENV)
+    if endpoint and epoch_file:  # for the supervisor: which rendezvous service this launcher joined
+        threading.Thread(target=write_epoch_when_reachable, args=(endpoint, epoch_file), daemon=True).start()
     sys.argv = list(argv)
     launcher.main()  # NVRx's main ends with sys.exit(its exit code)
     return 0  # pragma: no cover - not reached
