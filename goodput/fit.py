@@ -26,6 +26,7 @@ def plan_from_summary(
     - step time = productive_s / steps; interval = checkpoint interval in steps x step time (or
       ``interval_s``);
     - stall = mean blocked time per save (``ckpt.stall_s.mean``);
+    - snapshot overhead = the snapshots' blocked time per productive second (``snapshot_overhead``);
     - one tier per tier number seen, with its share of the faults and the median of its ``mttr_s``
       (fault -> first kept step after it; ``trainer.metrics`` keeps the *last* execution of each step,
       so that is the first step after the restart, and the work lost is the earlier execution of the
@@ -66,7 +67,18 @@ def plan_from_summary(
     else:
         tiers = tuple(_fitted_tier(name, v, n, step_s) for name, v in sorted(by_tier.items()))
     # One "node" of one GPU, so that the per-GPU rate is the run's own fault rate.
-    return Plan(1, 1, n / running * 3600.0, tiers, stall, interval_s)
+    return Plan(1, 1, n / running * 3600.0, tiers, stall, interval_s, snapshot_overhead(summary))
+
+
+def snapshot_overhead(summary: dict[str, Any]) -> float:
+    """Seconds the snapshots blocked the loop per productive second: the loss breakdown's snapshot_stall
+    (trainer.metrics), or in older summaries every snapshot's blocked time."""
+    productive = float(summary.get("productive_s") or 0.0)
+    loss = summary.get("loss_s") or {}
+    blocked = loss.get("snapshot_stall")
+    if blocked is None:
+        blocked = ((summary.get("snapshot") or {}).get("blocked_s") or {}).get("total") or 0.0
+    return float(blocked) / productive if productive > 0 else 0.0
 
 
 def _rollback_of(fault: dict[str, Any]) -> str:

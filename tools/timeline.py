@@ -66,6 +66,10 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
             ax.broken_barh(
                 [(e["t"] - e["blocked_s"] - t0, max(e["blocked_s"], 0.05))], (1.0, 0.8), color="#0072b2"
             )
+        if e["ev"] == "snapshot" and e.get("rank", 0) == 0:
+            ax.broken_barh(
+                [(e["t"] - e["blocked_s"] - t0, max(e["blocked_s"], 0.02))], (0.7, 0.25), color="#56b4e9"
+            )
         if e["ev"] == "ckpt_commit":
             ax.plot(e["t"] - t0, 1.4, marker="|", color="#0072b2", markersize=14)
     for fault in summary.get("faults", []):
@@ -78,8 +82,15 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
         if fault.get("mttr_s") is not None:
             label += f"\nrecovered in {fault['mttr_s']:.1f} s"
         ax.text(t_fault, 3.05, label, fontsize=8, color=colour, va="bottom")
-    ax.set_yticks([1.4, 2.4], ["checkpoint", "training"])
-    ax.set_ylim(0.6, 3.9)
+    loss = summary.get("loss_s") or {}
+    wall = float(summary.get("wall_s") or 0.0)
+    if loss and wall > 0:  # the same terms as summary.json's loss_s and the report
+        parts = [("startup", loss.get("startup", 0.0)), ("recovery", sum(loss.get("recovery") or []))]
+        parts += [(k, loss.get(k, 0.0)) for k in ("recompute", "ckpt_stall", "snapshot_stall", "tail", "other")]
+        text = "lost: " + ", ".join(f"{k} {100 * v / wall:.1f}%" for k, v in parts)
+        ax.text(0, 3.55, text, fontsize=7.5, color="#333333", va="bottom")
+    ax.set_yticks([0.82, 1.4, 2.4], ["snapshot", "checkpoint", "training"])
+    ax.set_ylim(0.5, 3.9)
     curve = goodput_curve(events)
     gax.plot([t - t0 for t, _ in curve], [v * 100 for _, v in curve], color="#009e73", linewidth=1.6)
     final = summary.get("training_efficiency")
@@ -106,6 +117,7 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
             Patch(color="#009e73", label="productive step"),
             Patch(color="#999999", label="recomputed step"),
             Patch(color="#0072b2", label="checkpoint stall / commit"),
+            Patch(color="#56b4e9", label="snapshot stall"),
             Patch(color=TIER_COLOURS[1], alpha=0.4, label="tier-1 recovery"),
             Patch(color=TIER_COLOURS[2], alpha=0.4, label="tier-2 recovery"),
         ],

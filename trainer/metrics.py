@@ -317,6 +317,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         )
 
     ends = [e for e in by_ev.get("run_end", []) if int(e["rank"]) == 0]
+    loss = loss_breakdown(events, steps, kept, fault_reports)
     return {
         "status": ends[-1]["status"] if ends else "unknown",
         "final_step": int(kept[-1]["step"]) if kept else None,
@@ -344,9 +345,74 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
             for r in restores
         ],
         "faults": fault_reports,
+        "loss_s": loss,
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
     }
+
+
+def loss_breakdown(
+    events: list[dict[str, Any]],
+    steps: list[dict[str, Any]],
+    kept: list[dict[str, Any]],
+    faults: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Where the wall time that is not productive went, term by term (seconds): the gap to 100 %.
+
+    wall_s = productive_s + startup + sum(recovery) + recompute + ckpt_stall + snapshot_stall + tail
+    + other, each measured from the events:
+    - startup: first event -> start of the first step (rank 0);
+    - recovery (one per fault): its mttr_s, fault -> first step after it;
+    - recompute: executions of steps that were redone (not kept), and the part of the step in flight
+      at each fault that ran before the fault;
+    - ckpt_stall / snapshot_stall: the loop's blocked time per save / snapshot (slowest rank or node),
+      of those between the first and the last step and outside recovery windows (the final save after
+      the last step is the tail's);
+    - tail: end of the last step -> last event (the final save's commit, the run's end);
+    - other: what is left: the loop's own work at step boundaries (events, heartbeats, polls).
+    The planner (goodput/fit.py predict_from_summary) uses the same terms.
+    """
+    if not events or not kept:
+        return {}
+    t0, t_last = float(events[0]["t"]), float(events[-1]["t"])
+    first_start = float(steps[0]["t_start"])
+    last_end = max(float(s["t_end"]) for s in steps)
+    windows = [(float(f["t"]), float(f["t"]) + float(f["mttr_s"])) for f in faults if f.get("mttr_s") is not None]
+
+    def blocked(kind: str) -> float:
+        """Sum over saves (or snapshots) of the slowest rank's blocked time, those inside the run."""
+        per: dict[tuple[int, int, int], tuple[float, float]] = {}
+        for e in events:
+            if e["ev"] == kind:
+                key = (int(e["step"]), int(e["restart"]), int(e["iteration"]))
+                b, t = per.get(key, (0.0, 0.0))
+                per[key] = (max(b, float(e["blocked_s"])), max(t, float(e["t"])))
+        return math.fsum(
+            b
+            for b, t in per.values()
+            if first_start <= t - b and t <= last_end + 1e-3 and not any(a <= t - b < z for a, z in windows)
+        )
+
+    kept_ids = {id(s) for s in kept}
+    redone = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in steps if id(s) not in kept_ids)
+    for f in faults:
+        t_fault = float(f["t"])
+        ended = [float(s["t_end"]) for s in steps if float(s["t_end"]) <= t_fault]
+        started = [float(s["t_start"]) for s in steps if float(s["t_start"]) <= t_fault]
+        if ended and started and max(started) > max(ended):  # a step was in flight at the fault
+            redone += t_fault - max(started)
+    terms: dict[str, Any] = {
+        "startup": first_start - t0,
+        "recovery": [float(f["mttr_s"]) for f in faults if f.get("mttr_s") is not None],
+        "recompute": redone,
+        "ckpt_stall": blocked("ckpt_save"),
+        "snapshot_stall": blocked("snapshot"),
+        "tail": t_last - last_end,
+    }
+    productive = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in kept)
+    named = math.fsum([productive, *terms["recovery"], *(v for k, v in terms.items() if k != "recovery")])
+    terms["other"] = (t_last - t0) - named
+    return terms
 
 
 def _snapshot_stats(events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -103,6 +103,34 @@ def test_summary_of_a_faulted_run(run_dir: Path) -> None:
     assert sum(f["steps_recomputed"] for f in s["faults"]) == s["steps_recomputed"]
 
 
+def test_the_loss_breakdown_names_the_gap_to_100_percent_term_by_term(run_dir: Path) -> None:
+    s = summarize(run_dir)
+    loss = s["loss_s"]
+    assert loss["startup"] == pytest.approx(1.0)  # run_start 100.0 -> first step 101.0
+    assert loss["recovery"] == pytest.approx([1.0, 111.5 - 107.1])  # each fault's mttr_s
+    assert loss["recompute"] == pytest.approx(0.9 + 0.8 + 1.0)  # step 3, step 3 again, step 4: redone
+    assert loss["ckpt_stall"] == pytest.approx(0.3)  # the slowest rank's blocked time
+    assert loss["snapshot_stall"] == 0.0 and loss["tail"] == pytest.approx(0.5)
+    named = s["productive_s"] + sum(loss["recovery"]) + sum(v for k, v in loss.items() if k != "recovery")
+    assert named == pytest.approx(s["wall_s"]) and loss["other"] == pytest.approx(0.1)
+
+
+def test_snapshot_stall_in_the_breakdown_counts_the_slowest_node_inside_the_run(tmp_path: Path) -> None:
+    events = [
+        _ev("run_start", 0.0, world_size=2, config={}),
+        _step(0, 1.0, 2.0),
+        _ev("snapshot", 2.1, step=0, blocked_s=0.1, copy_s=0.1, bytes=1),
+        _ev("snapshot", 2.2, 1, step=0, blocked_s=0.2, copy_s=0.2, bytes=1),
+        _step(1, 2.2, 3.2),
+        _ev("snapshot", 3.3, step=1, blocked_s=0.1, copy_s=0.1, bytes=1),  # after the last step: tail
+        _ev("run_end", 3.5, step=1, status="completed"),
+    ]
+    _write(tmp_path / "events.rank0.jsonl", events)
+    loss = summarize(tmp_path)["loss_s"]
+    assert loss["snapshot_stall"] == pytest.approx(0.2) and loss["tail"] == pytest.approx(0.3)
+    assert loss["other"] == pytest.approx(3.5 - 2.0 - 1.0 - 0.2 - 0.3)
+
+
 def test_tier_is_inferred_when_no_rank_reported_the_fault(tmp_path: Path) -> None:
     _write(
         tmp_path / "events.rank0.jsonl",

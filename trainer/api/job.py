@@ -241,7 +241,7 @@ class Job:
                 )
             self._heartbeat.beat()
             self.ping()
-            s.ckpt.after_step(step, entries)
+            s.ckpt.after_step(step, entries, snap.reusable if snap is not None else None)
             self.ping()  # a save that blocked is progress too: each wait gets the whole soft timeout
         self._heartbeat.pause()  # no more steps: the final commit and the run's end: the static timeout
         s.ckpt.finish(entries)  # run_end follows only once the last step is committed

@@ -40,6 +40,9 @@ class SyncBackend:
     """dcp.save: the loop waits for the whole write."""
 
     defers_metadata = False
+    reuses_snapshots = False
+    """Whether a save may be written from the snapshot of its step (from_snapshot.py) via write_staged.
+    Not sync: there the checkpoint is committed when save() returns, by definition."""
 
     def start(self, sd: dict[str, Any], tmp: Path, pg: dist.ProcessGroup) -> Any:
         try:
@@ -92,7 +95,24 @@ class TorchAsyncBackend(SyncBackend):
         self._future = getattr(response, "upload_completion", response)
         return self._future
 
+    reuses_snapshots = True
+
+    def write_staged(
+        self, staged: dict[str, Any], tmp: Path, pg: dist.ProcessGroup, cancel: threading.Event
+    ) -> Any:
+        """Write an already staged copy (from_snapshot.py's background thread): dcp.save, in that thread,
+        on its cancellable file system. Done when this returns (token None)."""
+        writer = FileSystemWriter(tmp, sync_files=True)
+        writer.fs = _CancellableFileSystem(cancel)
+        try:
+            dcp.save(staged, storage_writer=writer, process_group=pg)
+        except (Exception, CheckpointException) as exc:
+            raise CheckpointWriteError(f"dcp.save failed: {exc}") from exc
+        return None
+
     def done(self, token: Any) -> bool:
+        if token is None:
+            return True
         if not token.done():
             return False
         exc = token.exception()
@@ -165,6 +185,7 @@ class NvrxBackend:
     """
 
     defers_metadata = True
+    reuses_snapshots = True
     _queue: Any = None
     _prewarm: threading.Thread | None = None
     _lock = threading.Lock()
@@ -211,13 +232,16 @@ class NvrxBackend:
                 cls._queue = None
 
     def start(self, sd: dict[str, Any], tmp: Path, pg: dist.ProcessGroup) -> Any:
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
-        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_plan
-        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+        self.wait_for_worker(self.progress)
+        staged = self.stager.stage(sd)  # the copy out of device memory: the loop waits only for this...
+        return self.write_staged(staged, tmp, pg, None, progress=self.progress)
 
-        from trainer.checkpoint import nvrx_async
-
+    def wait_for_worker(
+        self, progress: Callable[[], None] | None, cancel: threading.Event | None = None
+    ) -> None:
+        """Until the persistent worker has started (its warm-up request, started with the queue), bounded
+        by the write timeout. `progress` is pinged meanwhile (the loop's own wait; a background writer
+        passes None: its waits must not count as the loop's progress)."""
         if self._queue_in_use is None or self._queue_in_use is not NvrxBackend._queue:
             self._queue_in_use = self._shared_queue()  # the one this backend used was killed by abort()
         prewarm = NvrxBackend._prewarm
@@ -225,11 +249,31 @@ class NvrxBackend:
             deadline = time.monotonic() + self.write_timeout_s
             while prewarm.is_alive() and time.monotonic() < deadline:
                 prewarm.join(min(0.5, max(deadline - time.monotonic(), 0.0)))
-                if self.progress is not None:
-                    self.progress()
+                if progress is not None:
+                    progress()
+                if cancel is not None and cancel.is_set():
+                    raise CheckpointWriteError("save aborted while waiting for the NVRx worker")
             if prewarm.is_alive():
                 raise CheckpointWriteError(f"NVRx worker did not start within {self.write_timeout_s} s")
-        staged = self.stager.stage(sd)  # the copy out of device memory: the loop waits only for this...
+
+    def write_staged(
+        self,
+        staged: dict[str, Any],
+        tmp: Path,
+        pg: dist.ProcessGroup,
+        cancel: threading.Event | None,
+        progress: Callable[[], None] | None = None,
+    ) -> Any:
+        """Plan the save of a staged copy (in shared memory: the worker reads it) and hand it to the
+        worker; the token for done/results/finish. From a background thread (from_snapshot.py) too."""
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncRequest
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async import FileSystemWriterAsync
+        from nvidia_resiliency_ext.checkpointing.async_ckpt.state_dict_saver import save_state_dict_async_plan
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        from trainer.checkpoint import nvrx_async
+
+        self.wait_for_worker(progress, cancel)
         writer = FileSystemWriterAsync(tmp, thread_count=1)
         writer, metadata, _ = save_state_dict_async_plan(  # ...and for planning (a small collective)
             staged, writer, process_group=pg, coordinator_rank=0, planner=DefaultSavePlanner()
@@ -239,10 +283,12 @@ class NvrxBackend:
             return (None, writer, metadata)
         request = AsyncRequest(save_fn, save_args, [], preload_fn=nvrx_async.cpu_safe_preload(preload_fn))
         queue = self._queue_in_use
-        index = self._bounded(lambda: queue.schedule_async_request(request), "hand the save to the worker")
+        index = self._bounded(
+            lambda: queue.schedule_async_request(request), "hand the save to the worker", progress
+        )
         return (index, writer, metadata)
 
-    def _bounded(self, fn: Any, what: str) -> Any:
+    def _bounded(self, fn: Any, what: str, progress: Callable[[], None] | None) -> Any:
         """Run fn in a helper thread; give up if the worker dies or the write timeout passes.
 
         NVRx's schedule waits (unbounded) for the worker to acknowledge the request; a dead worker would
@@ -265,8 +311,8 @@ class NvrxBackend:
         while thread.is_alive():
             thread.join(0.02)
             polls += 1
-            if self.progress is not None and polls % 25 == 0:  # every 0.5 s
-                self.progress()
+            if progress is not None and polls % 25 == 0:  # every 0.5 s
+                progress()
             if thread.is_alive() and not nvrx_async.worker_alive(self._queue_in_use):
                 raise CheckpointWriteError(
                     "NVRx checkpoint worker died "

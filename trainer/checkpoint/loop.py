@@ -5,7 +5,7 @@ and saves that fail without stopping training.
     start = ckpt.restore(state) + 1        # may raise NoLoadableCheckpoint (before any training)
     for step in range(start, steps):
         ...train...
-        ckpt.after_step(step, state)      # saves when due; polls a pending save without a collective
+        ckpt.after_step(step, state, snap)  # saves when due (from `snap`, the step's snapshot, if any)
     ckpt.finish(state)                     # the last step is committed before this returns
 
 A failed save (CheckpointWriteError) is a `ckpt_failed` event on rank 0 and training goes on: the next
@@ -18,6 +18,7 @@ agrees on them), so every rank takes the same branch.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from trainer.checkpoint.config import CheckpointConfig
@@ -71,10 +72,11 @@ class CheckpointLoop:
             self.events.emit("ckpt_skipped", path=str(tmp), reason=reason)
 
     # ----------------------------------------------------------------------------------------- steps
-    def after_step(self, step: int, state: dict[str, Any]) -> None:
-        """Save when policy says so (at the interval and after the last step); else poll a pending save."""
+    def after_step(self, step: int, state: dict[str, Any], snapshot: Any = None) -> None:
+        """Save when policy says so (at the interval and after the last step); else poll a pending save.
+        `snapshot`: the snapshot taken at this step boundary (or None); a save reuses it (manager.save)."""
         if self.manager.should_save(step, self.last_step):
-            self._save(step, state)
+            self._save(step, state, snapshot)
         else:
             self._guard(lambda: self.manager.maybe_finalize(blocking=False))
 
@@ -94,13 +96,14 @@ class CheckpointLoop:
         return self.manager.latest_committed_path()
 
     # --------------------------------------------------------------------------------------- helpers
-    def _save(self, step: int, state: dict[str, Any]) -> None:
+    def _save(self, step: int, state: dict[str, Any], snapshot: Any = None) -> None:
+        t0 = time.perf_counter()
         self._guard(self.manager.wait)  # the previous save commits (or fails) first
-        result = self._guard(lambda: self.manager.save(step, state))
+        waited = time.perf_counter() - t0  # the loop's wait too (a write slower than the interval)
+        result = self._guard(lambda: self.manager.save(step, state, snapshot))
         if result is not None:
-            self.events.emit(
-                "ckpt_save", step=step, blocked_s=result.blocked_s, mode=self.cfg.mode, bytes=result.bytes
-            )
+            blocked = result.blocked_s + waited
+            self.events.emit("ckpt_save", step=step, blocked_s=blocked, mode=self.cfg.mode, bytes=result.bytes)
 
     def _guard(self, fn: Any) -> Any:
         """Run a manager call; a failed save becomes a `ckpt_failed` event instead of an exception."""

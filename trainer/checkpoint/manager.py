@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from trainer.checkpoint.backends import make_backend
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
+from trainer.checkpoint.from_snapshot import FromSnapshot, tensor_metas
 from trainer.checkpoint.lease import Lease, job_uid
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
@@ -101,6 +103,8 @@ class _Pending:
     """write (shards being written), then with a local tier drain (sealed locally, copying to `tmp`)."""
     cancel: threading.Event = field(default_factory=threading.Event)
     """Set by abort(): a drain still copying stops at its next chunk."""
+    backend: Any = None
+    """The backend writing it: the manager's, or its FromSnapshot wrapper (a save from a snapshot)."""
 
 
 class CheckpointManager:
@@ -145,6 +149,11 @@ class CheckpointManager:
             backend="gloo", timeout=timedelta(seconds=max(cfg.collective_timeout_s, cfg.write_timeout_s))
         )
         self._backend = make_backend(cfg.mode, cfg.write_timeout_s, self.hooks.progress)
+        self._from_snapshot = (  # saves that reuse the snapshot of their step (from_snapshot.py)
+            FromSnapshot(self._backend, share_memory=cfg.mode == "nvrx")
+            if self._backend.reuses_snapshots
+            else None
+        )
         self._pending: _Pending | None = None
         self._fingerprint: str | None = None
         self._unloadable: set[str] = set()  # committed checkpoints that failed to load in this process
@@ -186,11 +195,14 @@ class CheckpointManager:
         return policy.is_due(step, self.cfg.interval_steps, last_step)
 
     # ------------------------------------------------------------------------------------------- save
-    def save(self, step: int, state: dict[str, Any]) -> SaveResult:
+    def save(self, step: int, state: dict[str, Any], snapshot: Any = None) -> SaveResult:
         """Start a checkpoint of `state` labelled `step`; returns how long the caller was blocked.
 
         In sync mode the checkpoint is committed when this returns; otherwise maybe_finalize/wait commit
-        it. Raises CheckpointWriteError if this or the previous save failed.
+        it. Raises CheckpointWriteError if this or the previous save failed. `snapshot`: the snapshot the
+        loop just took (trainer/snapshot/store.py Reusable); when it is of this step and the mode is
+        asynchronous, the save is written from it in the background (from_snapshot.py) and this returns
+        at once.
         """
         t0 = time.perf_counter()
         if self._pending is not None:
@@ -201,6 +213,8 @@ class CheckpointManager:
         if self.rank == 0:
             layout.discard(tmp)  # a leftover of an interrupted save of the same step
             tmp.mkdir(parents=True)
+        if self._reuses(snapshot, step):
+            return self._save_from_snapshot(step, snapshot, tmp, t0)
         dist.barrier(group=self._pg)  # nobody writes into tmp before it is fresh
         sd = build_save_dict(state, self.rank)
         nbytes = tensor_bytes(sd)
@@ -214,9 +228,34 @@ class CheckpointManager:
             if isinstance(exc, CheckpointWriteError):
                 raise CheckpointWriteError(f"checkpoint of step {step} failed: {exc}", step) from exc
             raise
-        self._pending = _Pending(step, tmp, token, t0, src=src)
+        self._pending = _Pending(step, tmp, token, t0, src=src, backend=self._backend)
         if self.cfg.mode == "sync":
             self._finalize(blocking=True)
+        return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
+
+    def _reuses(self, snapshot: Any, step: int) -> bool:
+        return self._from_snapshot is not None and snapshot is not None and snapshot.step == step
+
+    def _save_from_snapshot(self, step: int, snapshot: Any, tmp: Path, t0: float) -> SaveResult:
+        """The save's loop-thread part when it reuses the snapshot of its step: hold the slot, note the
+        placements, start the thread (from_snapshot.py). The temp directory is fresh before any rank
+        writes: rank 0 made it above, and every rank's thread agrees (a collective) before writing."""
+        assert self._from_snapshot is not None
+        metas = tensor_metas(snapshot.save_dict)
+        nbytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in metas)
+        src, begin = tmp, None
+        if self.local is not None:
+            local = self.local
+            src = local.step_dir(step)
+            begin = functools.partial(local.begin, step)  # in the thread: the staged copy's values
+        try:
+            token = self._from_snapshot.start(snapshot, metas, src, self._writer_group(), begin)
+        except BaseException:
+            self._from_snapshot.abort()
+            if self.rank == 0:
+                layout.discard(tmp)
+            raise
+        self._pending = _Pending(step, tmp, token, t0, src=src, backend=self._from_snapshot)
         return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
 
     def maybe_finalize(self, blocking: bool = False) -> list[int]:
@@ -247,7 +286,7 @@ class CheckpointManager:
         if p is None:
             return
         p.cancel.set()
-        self._backend.abort()
+        (p.backend or self._backend).abort()
         if self.rank == 0:
             try:
                 layout.discard(p.tmp)
@@ -262,7 +301,7 @@ class CheckpointManager:
         give_up = time.perf_counter() + wait_s
         while p.error is None:
             try:
-                if p.files is None and self._backend.done(p.token):
+                if p.files is None and p.backend.done(p.token):
                     if self.hooks.after_write is not None:
                         self.hooks.after_write(p.step)
                     p.files = self._hasher.submit(self._durable_files, p.src or p.tmp)
@@ -335,9 +374,9 @@ class CheckpointManager:
             "results": None,
             "error": None,
         }
-        if self._backend.defers_metadata and p.phase == "write":  # after a drain, .metadata is there
+        if p.backend.defers_metadata and p.phase == "write":  # after a drain, .metadata is there
             try:
-                payload["results"] = self._backend.results(p.token)
+                payload["results"] = p.backend.results(p.token)
             except CheckpointWriteError as exc:
                 payload["error"] = f"rank {self.rank}: {exc}"
         gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
@@ -350,7 +389,7 @@ class CheckpointManager:
         self._pending = None
         ok, detail = outcome[0]
         if not ok:
-            self._backend.abort()
+            p.backend.abort()
             raise CheckpointWriteError(f"checkpoint of step {p.step} failed at commit: {detail}", p.step)
         self.committed_step = p.step
 
@@ -360,8 +399,8 @@ class CheckpointManager:
             errors = [g["error"] for g in gathered if g["error"]]
             if errors:
                 raise CheckpointWriteError("; ".join(errors))
-            if self._backend.defers_metadata and p.phase == "write":
-                self._backend.finish(p.token, [g["results"] for g in gathered])
+            if p.backend.defers_metadata and p.phase == "write":
+                p.backend.finish(p.token, [g["results"] for g in gathered])
             files: dict[str, Any] = {}
             for g in gathered:
                 files.update(g["files"])
@@ -445,6 +484,8 @@ class CheckpointManager:
         self.abort()
         self.lease.stop()  # the heartbeat; the lease itself stays until it is released or goes stale
         self._backend.close(timeout_s=5.0)
+        if self._from_snapshot is not None:
+            self._from_snapshot.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
         groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])
         for group in groups:
@@ -468,7 +509,7 @@ class CheckpointManager:
             world_size=self.world_size,
             group=self._group(),
             root=self._global_rank0(),
-            backend=self._backend,
+            backend=p.backend,
             local=self.local,
             fingerprint=self._fingerprint,
             copier=self._hasher,

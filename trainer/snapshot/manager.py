@@ -25,7 +25,7 @@ from trainer.snapshot.replica import PeerReplicas
 from trainer.snapshot.replica_net import local_address
 from trainer.snapshot.restore import Restored, restore
 from trainer.snapshot.ring import Ring
-from trainer.snapshot.store import SnapshotStore, WriteResult
+from trainer.snapshot.store import Reusable, SnapshotStore, WriteResult
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -95,10 +95,16 @@ class Snapshots:
         return restored.step
 
     def after_step(self, step: int, state: dict[str, Any]) -> WriteResult | None:
-        """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so."""
+        """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so.
+
+        blocked_s counts everything the loop waits for here: building the save dict, the wait for the
+        previous commit and the peers, the copy. The result's `reusable` offers the snapshot to a durable
+        save of the same step (the loop passes it on; nothing here keeps it)."""
         if self.store is None or not self.cfg.due(step):
             return None
+        t_build = time.perf_counter()
         save_dict = build_save_dict(state, self.rank)
+        built = time.perf_counter() - t_build  # the loop waits for it too: part of what it is blocked
         waited = 0.0
         if self.peers is not None:
             t0 = time.perf_counter()
@@ -106,10 +112,10 @@ class Snapshots:
             self.peers.before_write()  # normally 0: the slot to overwrite is not being sent
             waited = time.perf_counter() - t0
         result = self.store.write(step, save_dict)
-        if waited:
-            result = dataclasses.replace(
-                result, blocked_s=result.blocked_s + waited, wait_s=result.wait_s + waited
-            )
+        reusable = Reusable(self.store, self.store.last_slot, step, self.store.pending_commit, save_dict)
+        result = dataclasses.replace(
+            result, blocked_s=result.blocked_s + waited + built, wait_s=result.wait_s + waited, reusable=reusable
+        )
         if result.bytes > self._checked_bytes:  # the exact size, once known (and if it ever grows)
             check_fits(
                 self.cfg.dir, result.bytes, local_ranks=self.local_ranks, replicated=self.peers is not None

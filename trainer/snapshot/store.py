@@ -15,7 +15,10 @@ What makes a slot trustworthy:
   run, world size or rank is refused (with the reason), never loaded.
 
 What blocks the training loop is only the copy (plus, if the previous snapshot's checksum is still
-being computed, the wait for it). On a GPU the copy is a device-to-host memcpy into these pages;
+being computed, the wait for it). A durable checkpoint of the same step may reuse the slot instead of
+copying the live state again (trainer/checkpoint/from_snapshot.py): it *holds* the slot (`Reusable.hold`),
+and a later write that would overwrite a held slot waits for its release (normally long past: the
+reader copies the slot out during the next step). On a GPU the copy is a device-to-host memcpy into these pages;
 registering them as pinned memory lets it run asynchronously (see `pin`).
 """
 
@@ -30,7 +33,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +87,51 @@ class Rejected:
 @dataclass(frozen=True)
 class WriteResult:
     blocked_s: float
-    """Seconds the caller waited: wait_s + copy_s."""
+    """Seconds the caller waited: wait_s + copy_s (Snapshots adds building the save dict)."""
     wait_s: float
     """Waiting for the previous snapshot's checksum and header (overlapped with a step, normally 0)."""
     copy_s: float
     bytes: int
     """Payload bytes of this snapshot (tensors + skeleton)."""
+    reusable: Reusable | None = field(default=None, compare=False, repr=False)
+    """The snapshot as a durable save of the same step may reuse it (set by Snapshots.after_step)."""
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """The snapshot just written, offered to a durable checkpoint of the same step.
+
+    `save_dict` is the (live) save dict the slot was copied from: the checkpoint reads only its structure
+    (DTensor placements), in the loop thread, before the next step changes anything. The bytes come from
+    the slot, verified, through `SnapshotStore.read_held`.
+    """
+
+    store: SnapshotStore
+    slot: int
+    step: int
+    commit: threading.Thread | None
+    save_dict: dict[str, Any]
+
+    def hold(self) -> Hold:
+        """Keep the slot from being overwritten until the returned hold is released (loop thread, before
+        the next snapshot)."""
+        return self.store.hold(self.slot, self.step, self.commit)
+
+
+@dataclass
+class Hold:
+    """A slot a reader is copying out; `release` (idempotent) lets the next write have it."""
+
+    store: SnapshotStore
+    slot: int
+    step: int
+    commit: threading.Thread | None
+    released: bool = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.store.release(self.slot)
 
 
 class SnapshotStore:
@@ -102,8 +144,12 @@ class SnapshotStore:
         self._maps: dict[int, _Mapping] = {}
         self._written_here: dict[int, int] = {}  # slot -> step this process committed there
         self._pending: threading.Thread | None = None
+        self.last_slot = -1
+        """The slot the last write went to (its commit may still be running)."""
         self._pending_error: BaseException | None = None
         self._pinned = False
+        self._held: dict[int, int] = {}  # slot -> readers holding it (Hold)
+        self._held_cv = threading.Condition()
         self.on_commit: Callable[[int, int], None] | None = None
         """on_commit(slot, step), on the commit thread, once a slot became valid (peer replication)."""
 
@@ -126,6 +172,9 @@ class SnapshotStore:
         skel = json.dumps({"skeleton": skeleton, "tensors": [s.__dict__ for s in slots]}).encode()
         layout = codec.layout_id(skeleton, slots)
         slot = self._free_slot()
+        t_held = time.perf_counter()
+        self._wait_unheld(slot)  # a durable save still copying this slot out (normally done long ago)
+        held = time.perf_counter() - t_held
         m = self._mapping(slot, HEADER_BYTES + tensor_bytes + len(skel))
         assert m is not None  # with a size, a mapping is always made
         m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)  # invalid from here until the header is rewritten
@@ -150,7 +199,69 @@ class SnapshotStore:
             target=self._commit, args=(slot, m, header, done), name=f"snapshot-commit-{step}", daemon=True
         )
         self._pending.start()
-        return WriteResult(t_copy - t0, t_wait - t0, t_copy - t_wait, tensor_bytes + len(skel))
+        self.last_slot = slot
+        wait_s = t_wait - t0 + held
+        return WriteResult(t_copy - t0, wait_s, t_copy - t0 - wait_s, tensor_bytes + len(skel))
+
+    # ------------------------------------------------------------------------------------------ holds
+    HOLD_WAIT_S = 60.0
+    """Longest a write waits for a reader to release the slot it needs (a reader only copies: a stuck
+    one is a bug, reported as an error rather than a silent hang)."""
+
+    @property
+    def pending_commit(self) -> threading.Thread | None:
+        """The commit thread of the last write (None once waited for)."""
+        return self._pending
+
+    def hold(self, slot: int, step: int, commit: threading.Thread | None) -> Hold:
+        with self._held_cv:
+            self._held[slot] = self._held.get(slot, 0) + 1
+        return Hold(self, slot, step, commit)
+
+    def release(self, slot: int) -> None:
+        with self._held_cv:
+            self._held[slot] = max(self._held.get(slot, 0) - 1, 0)
+            self._held_cv.notify_all()
+
+    def _wait_unheld(self, slot: int, timeout_s: float | None = None) -> None:
+        with self._held_cv:
+            if not self._held_cv.wait_for(
+                lambda: not self._held.get(slot), self.HOLD_WAIT_S if timeout_s is None else timeout_s
+            ):
+                raise RuntimeError(f"snapshot slot {slot} still held by a reader after {self.HOLD_WAIT_S} s")
+
+    def read_held(self, hold: Hold, take: Callable[[int, torch.Tensor], None]) -> Any:
+        """In a reader's thread: wait for the held write's commit, verify the slot (its header: this run,
+        rank and step), hand `take(i, view)` every tensor's view in order, then verify the payload
+        checksum and that the header did not change: what `take` copied are the verified bytes (nothing
+        in this process writes a held slot). Returns the JSON skeleton (codec.decode rebuilds the state
+        from it). Raises ValueError when the slot is not the held snapshot, or not whole."""
+        if hold.released:
+            raise ValueError("snapshot hold already released")
+        if hold.commit is not None:
+            hold.commit.join()
+        header, reason = self._read_header(hold.slot)
+        if header is None:
+            raise ValueError(f"snapshot slot {hold.slot}: {reason or 'missing'}")
+        problem = self._refusal(header) or (
+            f"holds step {header.step}, not {hold.step}" if header.step != hold.step else None
+        )
+        if problem is not None:
+            raise ValueError(f"snapshot slot {hold.slot}: {problem}")
+        m = self._mapping(hold.slot, None)
+        if m is None:
+            raise ValueError("snapshot slot disappeared")
+        start = HEADER_BYTES + header.tensor_bytes
+        meta = json.loads(bytes(m.buf[start : start + header.skeleton_bytes]))
+        for i, s in enumerate(meta["tensors"]):
+            dtype = codec.dtype_of(s["dtype"])
+            take(i, m.view(HEADER_BYTES + s["offset"], s["nbytes"], dtype, tuple(s["shape"])))
+        problem = self._payload_problem(hold.slot, header)
+        if problem is None and self._read_header(hold.slot)[0] != header:
+            problem = "changed while being read"
+        if problem is not None:
+            raise ValueError(f"snapshot slot {hold.slot}: {problem}")
+        return meta["skeleton"]
 
     def _commit(self, slot: int, m: _Mapping, fields: dict[str, Any], done: Any) -> None:
         try:
@@ -289,6 +400,11 @@ class SnapshotStore:
 
     def close(self) -> None:
         self.wait()
+        try:
+            for slot in (0, 1):
+                self._wait_unheld(slot, timeout_s=5.0)  # a reader copying out (its save is being aborted)
+        except RuntimeError as exc:
+            log.warning("closing snapshots under a reader: %s", exc)
         maps, self._maps = list(self._maps.values()), {}
         for m in maps:
             m.close()

@@ -1,0 +1,188 @@
+"""Durable saves written from the snapshot of their step (trainer/checkpoint/from_snapshot.py), one rank.
+
+Each test fails on the code before it: there a save copied the live state again and planned the DCP save
+in the loop thread, and the first save of a process waited for NVRx's worker to start, so a save blocked
+the loop for the plan, the schedule and the worker's start-up, not for the snapshot it could reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.trainer._ckpt import make_state, snapshot, train_step
+from trainer.checkpoint import CheckpointConfig, CheckpointManager, layout
+from trainer.checkpoint.backends import NvrxBackend
+from trainer.snapshot.config import SnapshotConfig
+from trainer.snapshot.manager import Snapshots
+
+MODES = ["nvrx", pytest.param("torch-async", marks=pytest.mark.soak)]
+
+
+def _manager(tmp_path: Path, mode: str) -> CheckpointManager:
+    cfg = CheckpointConfig(dir=tmp_path / "ckpt", interval_steps=1, keep_latest=2, mode=mode)
+    return CheckpointManager(cfg, rank=0, world_size=1)
+
+
+def _snapshots(tmp_path: Path) -> Snapshots:
+    cfg = SnapshotConfig(interval_steps=1, dir=tmp_path / "shm", replication=False)
+    return Snapshots(cfg, rank=0, world_size=1, fingerprint="test")
+
+
+def _assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def _restore(tmp_path: Path, one_rank: Any, mode: str) -> tuple[Any, dict[str, Any]]:
+    fresh = make_state(one_rank, seed=1)
+    mgr = _manager(tmp_path, mode)
+    try:
+        return mgr.restore(fresh), fresh
+    finally:
+        mgr.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_save_from_the_snapshot_holds_that_step_exactly_though_training_goes_on(
+    tmp_path: Path, one_rank: Any, mode: str
+) -> None:
+    state, snaps, mgr = make_state(one_rank), _snapshots(tmp_path), _manager(tmp_path, mode)
+    try:
+        for step in range(3):
+            train_step(state, step)
+            snap = snaps.after_step(step, state)
+            assert snap is not None and snap.reusable is not None and snap.reusable.step == step
+            if step == 2:
+                expected, expected_rng = snapshot(state), torch.get_rng_state()
+            mgr.save(step, state, snap.reusable)
+            train_step(state, 100 + step)  # the live state moves on while the thread copies the slot
+            mgr.wait()
+        assert mgr.committed_step == 2
+    finally:
+        mgr.close()
+        snaps.close()
+    restored, fresh = _restore(tmp_path, one_rank, mode)
+    assert (restored.step, restored.skipped) == (2, [])
+    assert fresh["trainer"].step == 2 and torch.equal(torch.get_rng_state(), expected_rng)
+    _assert_same(snapshot(fresh), expected)
+    manifest = json.loads((tmp_path / "ckpt" / "step_00000002" / layout.MANIFEST).read_text())
+    assert manifest["mode"] == mode and ".metadata" in manifest["files"]  # signed and committed as ever
+
+
+def test_a_save_from_the_snapshot_blocks_no_longer_than_the_snapshot_though_planning_is_slow(
+    tmp_path: Path, one_rank: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan and the hand-over to the worker (here 1 s) run in the background thread, not the loop."""
+    slow = NvrxBackend.write_staged
+
+    def write_staged(self: Any, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(1.0)
+        return slow(self, *args, **kwargs)
+
+    monkeypatch.setattr(NvrxBackend, "write_staged", write_staged)
+    state, snaps, mgr = make_state(one_rank), _snapshots(tmp_path), _manager(tmp_path, "nvrx")
+    try:
+        for step in range(3):
+            train_step(state, step)
+            snap = snaps.after_step(step, state)
+            assert snap is not None
+            t0 = time.perf_counter()
+            result = mgr.save(step, state, snap.reusable)
+            loop_blocked = time.perf_counter() - t0
+            # bounded by the snapshot's own blocked time (plus scheduling noise of a shared machine)
+            assert result.blocked_s <= snap.blocked_s + 0.05, (result.blocked_s, snap.blocked_s)
+            assert loop_blocked < 0.5
+            mgr.wait()
+            assert mgr.committed_step == step
+    finally:
+        mgr.close()
+        snaps.close()
+
+
+def test_a_slow_writer_start_up_is_never_inside_the_loop(
+    tmp_path: Path, one_rank: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVRx's worker is started when the manager is built (long before the first due save); a start-up
+    still under way when the first save comes is waited for by the background writer, not the loop."""
+    state, snaps, mgr = make_state(one_rank), _snapshots(tmp_path), _manager(tmp_path, "nvrx")
+    assert NvrxBackend._prewarm is not None  # started with the manager, before any save
+    NvrxBackend._prewarm.join(60)
+    starting = threading.Thread(target=time.sleep, args=(1.5,), name="slow-worker-start", daemon=True)
+    starting.start()
+    monkeypatch.setattr(NvrxBackend, "_prewarm", starting)  # as a cold worker on a loaded host
+    try:
+        train_step(state, 0)
+        snap = snaps.after_step(0, state)
+        assert snap is not None
+        result = mgr.save(0, state, snap.reusable)
+        assert result.blocked_s < 0.5 and starting.is_alive()
+        mgr.wait()
+        assert mgr.committed_step == 0
+    finally:
+        mgr.close()
+        snaps.close()
+
+
+def test_a_crash_during_the_background_write_leaves_the_previous_checkpoint_and_resume_exact(
+    tmp_path: Path, one_rank: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state, snaps, mgr = make_state(one_rank), _snapshots(tmp_path), _manager(tmp_path, "nvrx")
+    started, never = threading.Event(), threading.Event()
+    real = NvrxBackend.write_staged
+    try:
+        train_step(state, 0)
+        snap = snaps.after_step(0, state)
+        assert snap is not None
+        expected, expected_rng = snapshot(state), torch.get_rng_state()
+        mgr.save(0, state, snap.reusable)
+        mgr.wait()
+        assert mgr.committed_step == 0
+
+        def stuck(self: Any, *args: Any, **kwargs: Any) -> Any:
+            started.set()
+            never.wait(30)  # the process dies in the middle of the write
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(NvrxBackend, "write_staged", stuck)
+        train_step(state, 1)
+        snap = snaps.after_step(1, state)
+        assert snap is not None
+        mgr.save(1, state, snap.reusable)
+        assert started.wait(30)
+        assert mgr.maybe_finalize() == []  # not done: nothing committed
+    finally:
+        mgr.close()  # what a crash leaves: the save abandoned in the middle (its temp dir is never loaded)
+        never.set()
+        snaps.close()
+    root = tmp_path / "ckpt"
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_00000000"]
+    restored, fresh = _restore(tmp_path, one_rank, "nvrx")
+    assert restored.step == 0 and fresh["trainer"].step == 0
+    assert torch.equal(torch.get_rng_state(), expected_rng)
+    _assert_same(snapshot(fresh), expected)
+
+
+def test_a_snapshot_held_by_a_save_is_not_overwritten_until_released(tmp_path: Path, one_rank: Any) -> None:
+    """The next-but-one snapshot goes to the held slot: it waits for the release (and counts the wait)."""
+    state, snaps = make_state(one_rank), _snapshots(tmp_path)
+    try:
+        train_step(state, 0)
+        first = snaps.after_step(0, state)
+        assert first is not None and first.reusable is not None
+        hold = first.reusable.hold()
+        train_step(state, 1)
+        assert snaps.after_step(1, state) is not None  # the other slot: no wait
+        threading.Timer(0.5, hold.release).start()
+        train_step(state, 2)
+        third = snaps.after_step(2, state)
+        assert third is not None and third.wait_s >= 0.4 and third.reusable.slot == first.reusable.slot
+    finally:
+        snaps.close()

@@ -1,0 +1,220 @@
+"""A durable checkpoint written from the snapshot of its step, in a background thread.
+
+With snapshots on, the loop has just copied the state of step N into a /dev/shm slot (trainer/snapshot/)
+when the save of step N is due. Copying it again from the live tensors, planning the DCP save (a
+collective) and handing it to the writer would block the loop a second time (0.2-2.4 s a save in the
+demo, most of it planning and, for the first save of a process, NVRx's worker start-up). Instead:
+
+  loop thread (save()):   hold the slot (the next-but-one snapshot waits for it; it never has to),
+                          note the tensors' DTensor placements from the snapshot's save dict, start the
+                          thread. Nothing else: what blocks the loop is the snapshot it reuses.
+  background thread:      copy the held slot into this manager's staging buffers and verify it (header:
+                          this run, rank and step; payload CRC32 after the copy; header unchanged), release
+                          the slot; agree with the other ranks' threads that every copy is good (one
+                          all_reduce on the writer's group: a rank that failed never leaves its peers
+                          in the planning collective); then the backend's `write_staged` (nvrx: wait for
+                          the worker, plan, schedule; torch-async: dcp.save) into the same directory as
+                          the direct path. The commit (manifest, signature, rename, retention, drain to
+                          FSx) is the manager's, unchanged.
+
+The checkpoint is bit for bit the one the direct path writes: the slot holds the same local shards, the
+skeleton the same non-tensor values (codec.py keeps tuples and key types), and the DTensor placements
+come from the same save dict, so it stays reshardable. A fault at any moment leaves an uncommitted temp
+directory, never loaded; the previous committed checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainer.checkpoint.errors import CheckpointWriteError
+from trainer.snapshot import codec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What the writer needs of one live tensor, read in the loop thread: its local shape and dtype, and
+    for a DTensor its spec (mesh, placements, global shape), to wrap the staged copy."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    spec: Any
+
+
+def tensor_metas(save_dict: dict[str, Any]) -> list[TensorMeta]:
+    """One TensorMeta per tensor, in codec.flatten's order (the slot's)."""
+    _, tensors = codec.flatten(save_dict)  # local shards, in order
+    specs: list[Any] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            specs.append(v._spec if isinstance(v, DTensor) else None)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(k)
+                walk(x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+
+    walk(save_dict)
+    return [TensorMeta(tuple(t.shape), t.dtype, spec) for t, spec in zip(tensors, specs, strict=True)]
+
+
+@dataclass
+class SnapshotWrite:
+    """One save from a snapshot: the background thread and what it produced (the token)."""
+
+    step: int
+    thread: threading.Thread | None = None
+    inner: Any = None
+    """The inner backend's token, once write_staged returned."""
+    error: BaseException | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    copied_s: float | None = None
+    """Seconds from the thread's start until the slot was copied out and released."""
+
+
+class FromSnapshot:
+    """The backend protocol (backends.py) over an inner backend with `write_staged`, fed from a slot."""
+
+    ABORT_JOIN_S = 2.0
+
+    def __init__(self, inner: Any, *, share_memory: bool) -> None:
+        self.inner = inner
+        self.share_memory = share_memory  # nvrx: the worker process reads the staged copy
+        self._buffers: list[torch.Tensor] = []
+        self._current: SnapshotWrite | None = None
+
+    @property
+    def defers_metadata(self) -> bool:
+        return bool(self.inner.defers_metadata)
+
+    def start(
+        self,
+        snapshot: Any,
+        metas: list[TensorMeta],
+        dest: Path,
+        pg: dist.ProcessGroup,
+        begin: Any = None,
+    ) -> SnapshotWrite:
+        """Loop thread: hold the snapshot's slot and start the thread; returns at once. `begin(staged)`,
+        if given, runs in the thread before the write (the local tier's bookkeeping of the step)."""
+        hold = snapshot.hold()
+        write = SnapshotWrite(snapshot.step)
+        write.thread = threading.Thread(
+            target=self._run,
+            args=(write, snapshot, hold, metas, dest, pg, begin),
+            name=f"ckpt-from-snapshot-{snapshot.step}",
+            daemon=True,
+        )
+        self._current = write
+        try:
+            write.thread.start()
+        except BaseException:
+            hold.release()
+            raise
+        return write
+
+    def _run(self, write: SnapshotWrite, snapshot: Any, hold: Any, metas: list[TensorMeta],
+             dest: Path, pg: dist.ProcessGroup, begin: Any) -> None:  # fmt: skip
+        t0 = time.perf_counter()
+        staged: dict[str, Any] | None = None
+        problem: BaseException | None = None
+        try:
+            staged = self._copy_out(snapshot, hold, metas)
+        except BaseException as exc:  # reported below, after the agreement
+            problem = exc
+        finally:
+            hold.release()
+        write.copied_s = time.perf_counter() - t0
+        try:
+            # Every rank's thread reaches this collective whatever happened above, so a failed copy on one
+            # rank fails the save on all of them without leaving any in the planning collective.
+            flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+            dist.all_reduce(flag, group=pg)
+            if problem is not None:
+                raise CheckpointWriteError(f"snapshot of step {write.step} not reusable: {problem}") from problem
+            if int(flag.item()) > 0:
+                raise CheckpointWriteError(f"another rank could not reuse its snapshot of step {write.step}")
+            if write.cancel.is_set():
+                raise CheckpointWriteError("save aborted")
+            assert staged is not None
+            if begin is not None:
+                begin(staged)
+            write.inner = self.inner.write_staged(staged, dest, pg, write.cancel)
+        except BaseException as exc:
+            write.error = exc
+
+    def _copy_out(self, snapshot: Any, hold: Any, metas: list[TensorMeta]) -> dict[str, Any]:
+        """The held slot's state, copied into this backend's buffers (reused while the layout is)."""
+        if len(self._buffers) != len(metas) or any(
+            (tuple(b.shape), b.dtype) != (m.shape, m.dtype) for b, m in zip(self._buffers, metas, strict=True)
+        ):
+            self._buffers = [self._empty(m) for m in metas]
+        seen: list[int] = []
+
+        def take(i: int, view: torch.Tensor) -> None:
+            if i >= len(metas) or (tuple(view.shape), view.dtype) != (metas[i].shape, metas[i].dtype):
+                raise ValueError(f"snapshot tensor {i} does not match the state's layout")
+            self._buffers[i].copy_(view)
+            seen.append(i)
+
+        skeleton = snapshot.store.read_held(hold, take)
+        if len(seen) != len(metas):
+            raise ValueError(f"snapshot holds {len(seen)} tensors, the state {len(metas)}")
+
+        def tensor_at(i: int) -> torch.Tensor:
+            spec = metas[i].spec
+            buf = self._buffers[i]
+            return DTensor(buf, spec, requires_grad=False) if spec is not None else buf
+
+        return codec.decode(skeleton, tensor_at)  # type: ignore[no-any-return]
+
+    def _empty(self, meta: TensorMeta) -> torch.Tensor:
+        t = torch.empty(meta.shape, dtype=meta.dtype)
+        return t.share_memory_() if self.share_memory else t
+
+    # -------------------------------------------------------------------------- backend protocol
+    def done(self, token: SnapshotWrite) -> bool:
+        if token.thread is not None and token.thread.is_alive():
+            return False
+        if token.error is not None:
+            exc = token.error
+            if isinstance(exc, CheckpointWriteError):
+                raise exc
+            raise CheckpointWriteError(f"background write failed: {exc}") from exc
+        return bool(self.inner.done(token.inner))
+
+    def results(self, token: SnapshotWrite) -> Any:
+        return self.inner.results(token.inner)
+
+    def finish(self, token: SnapshotWrite, gathered: list[Any]) -> None:
+        self.inner.finish(token.inner, gathered)
+
+    def abort(self) -> None:
+        """Stop the current write: the thread stops before writing (or its cancellable writer at its next
+        write); the inner backend's writers are stopped as for a direct save."""
+        write, self._current = self._current, None
+        if write is not None:
+            write.cancel.set()
+            if write.thread is not None:
+                write.thread.join(self.ABORT_JOIN_S)
+                if write.thread.is_alive():
+                    log.warning("checkpoint-from-snapshot thread of step %d still running after abort", write.step)
+        self.inner.abort()
+
+    def close(self, timeout_s: float) -> None:
+        """Drop the staging buffers (the manager closes the inner backend itself)."""
+        self._buffers = []
