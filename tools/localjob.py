@@ -32,26 +32,35 @@ RDZV_LAUNCHERS = ("ft_launcher", "torchrun")
 def with_rdzv_host(argv: Sequence[str], is_host: bool) -> list[str]:
     """`argv` with `is_host=1|0` added to its launcher's `--rdzv-conf`.
 
-    On a cluster only pod 0's host name matches the rendezvous endpoint, so its launcher alone hosts the
-    store and closes the rounds. On one machine every launcher matches 127.0.0.1 (torch counts every
-    loopback address as this machine), and each one then closed the barrier rendezvous' rounds on its own:
-    two pods were seen given the same node rank. Commands that are not a launcher are returned as they are.
+    The chart renders `is_host=0` (the rendezvous service hosts the store); a hand-written local command
+    may not, and on one machine every launcher matches 127.0.0.1 (torch counts every loopback address as
+    this machine): each one then closed the barrier rendezvous' rounds on its own (seen: two pods given
+    the same node rank). An `is_host` entry already there is replaced. Commands that are not a launcher
+    are returned as they are.
     """
     argv = list(argv)
     flag = f"is_host={int(is_host)}"
     first = len(argv) - len(launcher_argv(argv))  # past the preforkWorkers wrapper, if any
     for i, arg in enumerate(argv[first:], start=first):
         if arg.startswith(("--rdzv-conf=", "--rdzv_conf=")):
-            argv[i] = f"{arg}{'' if arg.endswith('=') else ','}{flag}"
+            name, _, conf = arg.partition("=")
+            argv[i] = f"{name}={_with_key(conf, flag)}"
             return argv
         if arg in ("--rdzv-conf", "--rdzv_conf") and i + 1 < len(argv):
-            argv[i + 1] = f"{argv[i + 1]},{flag}" if argv[i + 1] else flag
+            argv[i + 1] = _with_key(argv[i + 1], flag)
             return argv
         if arg == "-m":
             break  # the trainer's own arguments follow
     if first < len(argv) and Path(argv[first]).name in RDZV_LAUNCHERS:
         argv.insert(first + 1, f"--rdzv-conf={flag}")
     return argv
+
+
+def _with_key(conf: str, flag: str) -> str:
+    """A --rdzv-conf value with `flag` (key=value) in place of any entry with the same key."""
+    key = flag.partition("=")[0]
+    kept = [kv for kv in conf.split(",") if kv and kv.partition("=")[0] != key]
+    return ",".join([*kept, flag])
 
 
 @dataclass(frozen=True)

@@ -152,19 +152,15 @@ RENDEZVOUS_OPTIONS = ("--nnodes", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-i
 def rendezvous_argv(pod_command: list[str]) -> list[str]:
     """The rendezvous service's command for the job whose pods run `pod_command` (the chart's
     `<release>-rendezvous` Deployment runs the same: tests/chart check the two agree): this venv's
-    `python -m trainer.launcher.rendezvous` with the launcher's rendezvous options, less the `is_host`
-    key a local harness adds (the service is the host; every launcher is a client)."""
+    `python -m trainer.launcher.rendezvous` with the launcher's rendezvous options as they are (the
+    service ignores their `is_host=0`: it is the host)."""
     launcher = launcher_argv(pod_command)
     options = []
     for arg in launcher[1:]:
         if arg in ("-m", "--"):
             break
-        name, _, value = arg.partition("=")
-        if name not in RENDEZVOUS_OPTIONS:
-            continue
-        if name == "--rdzv-conf":
-            value = ",".join(kv for kv in value.split(",") if kv and not kv.startswith("is_host="))
-        options.append(f"{name}={value}")
+        if arg.partition("=")[0] in RENDEZVOUS_OPTIONS:
+            options.append(arg)
     missing = [o for o in RENDEZVOUS_OPTIONS[:4] if not any(a.startswith(o + "=") for a in options)]
     if missing:
         raise RenderError(f"the pod command has no {', '.join(missing)}: {pod_command}")

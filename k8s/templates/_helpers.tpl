@@ -92,24 +92,17 @@ infra/instance_types.py loads too, so chart and infra cannot disagree. */}}
 /local-nvme
 {{- end }}
 
+{{/* The rendezvous service's name (templates/rendezvous.yaml). */}}
+{{- define "trainer.rendezvousName" -}}
+{{- printf "%s-rendezvous" (include "trainer.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/*
-Pod 0's DNS name (the workload's name carries a digest of its spec, see _workload_name.tpl). The fully qualified name, not `<pod>.<service>`: pod 0 finds it in its own
-/etc/hosts (the kubelet writes the FQDN there when the pod has a subdomain), so ft_launcher on pod 0
-recognises itself as the rendezvous host without waiting for DNS; the other pods resolve it through the
-headless Service, which publishes not-ready addresses, and their store clients retry until pod 0 listens.
+The rendezvous endpoint's host: the rendezvous service's fully qualified Service name. No training pod
+hosts the store (docs/failure-domains.md), so every launcher is a client (`is_host=0` in trainer.rdzvConf).
 */}}
 {{- define "trainer.rdzvHost" -}}
-{{- $fullname := include "trainer.fullname" . }}
-{{- $workload := "digest" }}
-{{- if not .trainerDigesting }}{{ $workload = include "trainer.workloadName" . }}{{ end }}
-{{- $pod0 := printf "%s-0" $workload }}
-{{- $service := $fullname }}
-{{- if eq .Values.workload "jobset" }}
-{{- /* The JobSet controller names its headless Service after the JobSet. */}}
-{{- $pod0 = printf "%s-trainer-0-0" $workload }}
-{{- $service = $workload }}
-{{- end }}
-{{- printf "%s.%s.%s.svc.%s" $pod0 $service .Release.Namespace .Values.clusterDomain }}
+{{- printf "%s.%s.svc.%s" (include "trainer.rendezvousName" .) .Release.Namespace .Values.clusterDomain }}
 {{- end }}
 
 {{/* Pod labels: selector labels, the component, and the user's podLabels. */}}

@@ -24,7 +24,6 @@ The names the chart reserves, as JSON {"env": {NAME: why}, "labels": [...], "pod
 {{- $_ := set $values "podAnnotations" dict }}
 {{- $_ := set $values "nodeSelector" dict }}
 {{- $_ := set $ctx "Values" $values }}
-{{- $_ := set $ctx "trainerDigesting" true }}
 {{- $env := dict }}
 {{- range (include "trainer.env" $ctx | fromYamlArray) }}
 {{- $_ := set $env .name "the chart sets it" }}

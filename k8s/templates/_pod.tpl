@@ -4,6 +4,26 @@ runs Contract 2 of docs/design.md: ft_launcher in exec form with `$(VAR)` refere
 the local demo can run the very same argv after swapping the env entries that name cluster places.
 */}}
 
+{{/* The rendezvous options the launchers and the rendezvous service share (--rdzv-conf). */}}
+{{- define "trainer.rdzvConf" -}}
+--rdzv-conf=join_timeout={{ int .Values.rdzvJoinTimeout }},last_call_timeout={{ int .Values.rdzvLastCallTimeout }},is_host=0
+{{- end }}
+
+{{/*
+The rendezvous service's arguments (templates/rendezvous.yaml): NVRx's nvrx-control options, the
+launchers' own node range, id and --rdzv-conf; it listens on rdzvPort (the endpoint's host is only where
+its own client connects: itself). tools/podcommand.py rendezvous_argv derives the same from a pod command.
+*/}}
+{{- define "trainer.rendezvousArgs" -}}
+{{- $v := .Values -}}
+- --nnodes={{ int $v.nodes }}:{{ add (int $v.nodes) (int $v.spareNodes) }}
+- --rdzv-backend=c10d
+- --rdzv-endpoint=127.0.0.1:{{ int $v.rdzvPort }}
+- --rdzv-id={{ include "trainer.fullname" . }}
+- {{ include "trainer.rdzvConf" . }}
+- --ft-enable-log-server=false
+{{- end }}
+
 {{/* ft_launcher's arguments, then `-m trainer` and the trainer's. */}}
 {{- define "trainer.args" -}}
 {{- $v := .Values -}}
@@ -13,7 +33,7 @@ the local demo can run the very same argv after swapping the env entries that na
 - --rdzv-endpoint=$(RDZV_ENDPOINT)
 - --rdzv-id=$(JOB_ID)
 - --ft-rdzv-impl=barrier
-- --rdzv-conf=join_timeout={{ int $v.rdzvJoinTimeout }},last_call_timeout={{ int $v.rdzvLastCallTimeout }}
+- {{ include "trainer.rdzvConf" . }}
 - --max-restarts={{ int $v.maxRestarts }}
 - {{ printf "--monitor-interval=%v" $v.monitorInterval | quote }}
 - --workers-stop-timeout={{ int $v.workersStopTimeout }}

@@ -9,16 +9,12 @@ out of the digest: flipping it starts or stops the same Job in place. The JobSet
 its replicated Job's template, which the JobSet webhook may refuse to change: there it stays in the digest
 (a flip replaces the JobSet).
 
-While the digest is taken, `trainerDigesting` is set in the context so trainer.rdzvHost (which names
-pod 0 after this very name) renders a placeholder instead of recursing.
 */}}
 {{- define "trainer.workloadName" -}}
-{{- $_ := set . "trainerDigesting" true }}
 {{- $failure := include "trainer.jobFailureSpec" . }}
 {{- if eq .Values.workload "job" }}
 {{- $failure = regexReplaceAll "(?m)^suspend: .*$" $failure "" }}
 {{- end }}
 {{- $spec := printf "%s\n%s\n%s" .Values.workload $failure (include "trainer.podTemplate" .) }}
-{{- $_ := unset . "trainerDigesting" }}
 {{- printf "%s-%s" (include "trainer.fullname" .) (sha256sum $spec | trunc 6) }}
 {{- end }}

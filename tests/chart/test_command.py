@@ -77,9 +77,9 @@ def test_env_names_cluster_places() -> None:
     job = next(m for m in manifests if m["kind"] == "Job")["metadata"]["name"]
     assert env["NNODES"] == "4"
     assert env["NPROC_PER_NODE"] == "8"
-    # Pod 0 of the Job (its name: the full name plus a digest of its spec) under the headless Service.
+    # The rendezvous service's Service (templates/rendezvous.yaml), not a pod of the Job.
     assert job.startswith("r1-trainer-")
-    assert env["RDZV_ENDPOINT"] == f"{job}-0.r1-trainer.team-a.svc.cluster.local:29555"
+    assert env["RDZV_ENDPOINT"] == "r1-trainer-rendezvous.team-a.svc.cluster.local:29555"
     assert env["JOB_ID"] == "r1-trainer"
     assert env["CHECKPOINT_DIR"] == "/fsx/checkpoints/r1-trainer"
     assert env["OUT_DIR"] == "/fsx/runs/r1-trainer"

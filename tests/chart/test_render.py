@@ -91,11 +91,13 @@ def test_renders_valid_kubernetes(name: str) -> None:
     assert skipped <= CRD_KINDS, f"no schema for {skipped - CRD_KINDS}"
     kinds = sorted(m["kind"] for m in manifests if m["kind"] != "NetworkPolicy")
     policies = by_kind(manifests, "NetworkPolicy")
-    assert len(policies) == (2 if VALUE_SETS[name].get("networkPolicy", {}).get("enabled", True) else 0)
+    # trainer pods, the rendezvous service's pod, the helm test pods
+    assert len(policies) == (3 if VALUE_SETS[name].get("networkPolicy", {}).get("enabled", True) else 0)
+    # Secret: the release's replica key; Deployment and a Service: the rendezvous service.
     if VALUE_SETS[name].get("workload") == "jobset":
-        assert kinds == ["JobSet", "Pod", "Pod", "Secret"]  # Secret: the release's replica key
+        assert kinds == ["Deployment", "JobSet", "Pod", "Pod", "Secret", "Service"]
     else:
-        assert kinds == ["Job", "Pod", "Pod", "Secret", "Service"]
+        assert kinds == ["Deployment", "Job", "Pod", "Pod", "Secret", "Service", "Service"]
 
 
 def test_every_example_is_a_value_set() -> None:
@@ -117,7 +119,7 @@ def test_validator_catches_an_invalid_manifest() -> None:
 def test_indexed_job_and_headless_service() -> None:
     manifests = render({"nodes": 16})
     (job,) = by_kind(manifests, "Job")
-    (svc,) = by_kind(manifests, "Service")
+    (svc,) = [s for s in by_kind(manifests, "Service") if s["spec"].get("clusterIP") == "None"]
     spec = job["spec"]
     assert spec["completionMode"] == "Indexed"
     assert spec["parallelism"] == spec["completions"] == 16
@@ -135,7 +137,7 @@ def test_indexed_job_and_headless_service() -> None:
 
 @pytest.mark.parametrize(("nodes", "per_index", "expected"), [(2, 3, 6), (16, 3, 48), (8, 1, 8)])
 def test_total_pod_retries_scale_with_nodes_by_default(nodes: int, per_index: int, expected: int) -> None:
-    # Losing pod 0 (the rendezvous host) fails every other pod once: a fixed total would end big jobs.
+    # Retries scale with the job: a fixed total would end big jobs sooner (each index has its own budget).
     (job,) = by_kind(render({"nodes": nodes, "podRetriesPerIndex": per_index}), "Job")
     assert job["spec"]["backoffLimit"] == expected
 
@@ -158,13 +160,12 @@ def test_failure_policy_leaves_restarts_to_ft_launcher_and_replaces_lost_pods() 
     assert suspended["spec"]["suspend"] is True
 
 
-def test_jobset_rdzv_endpoint_names_its_pod_zero() -> None:
+def test_jobset_pods_reach_the_rendezvous_service() -> None:
     manifests = render({"workload": "jobset"}, release="big")
     (jobset,) = by_kind(manifests, "JobSet")
-    name = jobset["metadata"]["name"]
-    assert jobset["spec"]["network"]["enableDNSHostnames"] is True
+    assert jobset["spec"]["network"]["enableDNSHostnames"] is True  # MASTER_ADDR is a pod's FQDN
     env = {e["name"]: e["value"] for e in workload_pod_spec(manifests)["containers"][0]["env"]}
-    assert env["RDZV_ENDPOINT"] == f"{name}-trainer-0-0.{name}.team-a.svc.cluster.local:29400"
+    assert env["RDZV_ENDPOINT"] == "big-trainer-rendezvous.team-a.svc.cluster.local:29400"
     assert "subdomain" not in workload_pod_spec(manifests)  # the JobSet controller sets it
 
 
@@ -182,7 +183,9 @@ def test_long_release_names_keep_hostnames_within_63_characters(workload: str) -
     hostname = f"{name}-15" if workload == "job" else f"{name}-trainer-0-15"
     assert len(hostname) <= 63
     env = {e["name"]: e["value"] for e in workload_pod_spec(manifests)["containers"][0]["env"]}
-    assert env["RDZV_ENDPOINT"].startswith(f"{name}-")
+    service = env["RDZV_ENDPOINT"].split(".")[0]  # the rendezvous service's Service, a DNS-1035 label
+    assert service in {m["metadata"]["name"] for m in by_kind(manifests, "Service")}
+    assert len(service) <= 63
     assert HELM.exists()
 
 
