@@ -83,6 +83,28 @@ SCENARIOS: dict[str, PodsScenario] = {
         PodsScenario("node-loss/spare", 2, 1, 1, ("node-loss:step=6:node=1",)),
         PodsScenario("node-loss/no-spare", 2, 0, 1, ("node-loss:step=6:node=1",)),
         PodsScenario("node-loss/peer", 2, 1, 1, ("node-loss:step=6:node=1",), snapshots=True),
+        # Node 0 (pod 0 at the start: GROUP_RANK is the pod index) was the rendezvous host before the
+        # rendezvous service; now it is a node like any other (docs/failure-domains.md).
+        PodsScenario("host-loss/peer", 2, 1, 1, ("node-loss:step=6:node=0",), snapshots=True),
+        PodsScenario(
+            "compound/host-then-rank",
+            2,
+            1,
+            1,
+            ("node-loss:step=6:node=0",),
+            "kill-restarting-worker-any",
+            snapshots=True,
+        ),
+        # The host lost, then the rendezvous service itself: each costs one restart round, no pod.
+        PodsScenario(
+            "compound/host-then-rendezvous",
+            2,
+            1,
+            1,
+            ("node-loss:step=5:node=0",),
+            "kill-rendezvous",
+            snapshots=True,
+        ),
         PodsScenario(
             "compound/rank-during-restart",
             1,
@@ -240,6 +262,12 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _launchers(main_pid: int, procs: set[int]) -> set[int]:
+    """The pod's launcher processes: its main process and, under the supervisor
+    (trainer/launcher/supervise.py), ft_launcher's process, its child."""
+    return {main_pid} | {p for p in procs if _ppid(p) == main_pid and "trainer.launcher.ft" in _cmdline(p)}
+
+
 class Driver:
     """The scenario's outside action, called every poll with the events so far; records what it did."""
 
@@ -248,14 +276,18 @@ class Driver:
         self.done: dict[str, Any] | None = None
         self._old_workers: set[int] = set()
 
-    def workers(self) -> set[int]:
-        """Pod 0's worker processes (`python -u -m trainer`, children of its launcher)."""
-        launcher = self.job.pod(0).pid
-        return {  # not the prefork zygote (`-m trainer.launcher.prefork.server`), also the launcher's child
-            p
-            for p in self.job.pod(0).processes()
-            if _ppid(p) == launcher and " -m trainer " in f"{_cmdline(p)} "
-        }
+    def workers(self, indexes: Sequence[int] = (0,)) -> set[int]:
+        """The worker processes (`python -u -m trainer`, children of the pod's launcher: the
+        ft_launcher process, the supervisor's child) of the pods of `indexes`."""
+        found: set[int] = set()
+        for index in indexes:
+            pod = self.job.pod(index)
+            procs = pod.processes()
+            launchers = _launchers(pod.pid, procs)
+            found |= {  # not the prefork zygote (`-m trainer.launcher.prefork.server`), also the launcher's child
+                p for p in procs if _ppid(p) in launchers and " -m trainer " in f"{_cmdline(p)} "
+            }
+        return found
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         if self.done is not None or not self.sc.action:
@@ -264,24 +296,27 @@ class Driver:
         last_fault_fired = len({(e["fault"], e["step"]) for e in injected}) == len(self.sc.faults)
         if self.sc.action == "kill-monitors":
             if any(e["ev"] == "step" and int(e["step"]) >= 3 for e in events):
-                launcher = self.job.pod(0).pid
-                monitors = [
-                    p
-                    for p in self.job.pod(0).processes()
-                    if _ppid(p) == launcher and "ft_launcher" in _cmdline(p)
-                ]
+                procs = self.job.pod(0).processes()
+                launchers = _launchers(self.job.pod(0).pid, procs)
+                monitors = [p for p in procs if _ppid(p) in launchers and "ft_launcher" in _cmdline(p)]
                 for pid in monitors:
                     os.kill(pid, signal.SIGKILL)
                 self.done = {"action": self.sc.action, "t": time.time(), "pids": sorted(monitors)}
-        elif self.sc.action == "kill-restarting-worker":
+        elif self.sc.action in ("kill-restarting-worker", "kill-restarting-worker-any"):
+            pods = range(self.sc.nodes + self.sc.spares) if self.sc.action.endswith("-any") else (0,)
             if not last_fault_fired:
-                self._old_workers |= self.workers()
+                self._old_workers |= self.workers(pods)
                 return
-            new = self.workers() - self._old_workers
+            new = self.workers(pods) - self._old_workers
             if new:
                 pid = min(new)
                 os.kill(pid, signal.SIGKILL)
                 self.done = {"action": self.sc.action, "t": time.time(), "pids": [pid]}
+        elif self.sc.action == "kill-rendezvous" and last_fault_fired:
+            fault_step = max(int(e["step"]) for e in injected)
+            if any(e["ev"] == "step" and int(e["step"]) >= fault_step + 3 for e in events):
+                pids = self.job.kill_rendezvous()
+                self.done = {"action": self.sc.action, "t": time.time(), "pids": sorted(pids)}
         elif self.sc.action == "kill-joining-spare" and last_fault_fired:
             t_fault = max(float(e["t"]) for e in injected)
             took = takeover_after(role_changes(self.log_dir), t_fault)

@@ -1,0 +1,92 @@
+"""No pod and no single service is a point of failure (issue 26, docs/failure-domains.md): the pod command
+as the chart renders it, 2 nodes + 1 hot spare on 127.0.0.1 (bench/recovery_pods.py's harness), loses
+node 0 (pod 0: the rendezvous host before the rendezvous service existed) and then the rendezvous service
+itself, and finishes in the job, bitwise equal to a fault-free run of the same values:
+
+* node 0's loss: the spare takes its place, the survivor keeps its group rank (sticky ranks) and
+  restores from its own /dev/shm, the spare from the survivor's replica; at most one step recomputed;
+  no pod but the lost one exits (the Job's failure budget is not charged for a peer);
+* the service's loss (SIGKILL, replaced by LocalJob as its Deployment would be): each pod's supervisor
+  starts ft_launcher again on the same pod; the ranks restore from /dev/shm; no pod exits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import recovery_pods
+from bench.recovery_pods import PodsConfig, PodsScenario
+
+pytestmark = pytest.mark.slow
+
+CFG = PodsConfig()
+
+
+def _final_state(out: Path) -> str:
+    for path in sorted(out.glob("events.rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["ev"] == "run_end" and event.get("state_sha256"):
+                return str(event["state_sha256"])
+    raise AssertionError(f"no completed run_end with a state digest in {out}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("no-spof")
+    data = recovery_pods.make_data(work / "tokens.npy", CFG)
+    faulted = recovery_pods.SCENARIOS["compound/host-then-rendezvous"]
+    clean = PodsScenario("clean", faulted.nodes, faulted.spares, faulted.nproc, (), snapshots=True)
+    return {
+        "faulted": (recovery_pods.run_once(faulted, CFG, work / "faulted", data), work / "faulted"),
+        "clean": (recovery_pods.run_once(clean, CFG, work / "clean", data), work / "clean"),
+    }
+
+
+def _logs(run_dir: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*.log")))
+
+
+def test_losing_node_0_is_recovered_in_the_job_from_memory_and_the_peer(runs: dict[str, Any]) -> None:
+    rec, run_dir = runs["faulted"]
+    assert rec["succeeded"] and rec["status"] == "completed", (rec["reason"], _logs(run_dir)[-6000:])
+    (loss,) = rec["faults"]
+    assert loss["type"] == "node-loss" and loss["ranks"] == [0]
+    assert loss["steps_recomputed"] <= 1
+    # The survivor (now still node 1, rank 1) restored its own snapshot; node 0's state came from the
+    # replica its ring neighbour kept (never the durable checkpoint).
+    assert loss["restored_by_source"] == {"shm": [1], "peer": [0]}, loss
+    # Only the lost pod ended early: the survivors did not exit, so nothing but the disruption counts.
+    # (Which pod held node 0 is the rendezvous' choice: the first two launchers to arrive train.)
+    early = [e["index"] for e in rec["pod_exits"] if e["reason"] != "succeeded"]
+    assert len(early) == 1, rec["pod_exits"]
+    assert rec["takeover"] is not None and rec["takeover"] != f"pod-{early[0]}"
+    assert rec["unplanned_pod_restarts"] == 0
+
+
+def test_losing_the_rendezvous_service_costs_one_restart_round_and_no_pod(runs: dict[str, Any]) -> None:
+    rec, run_dir = runs["faulted"]
+    assert rec["action"] is not None and rec["action"]["action"] == "kill-rendezvous"
+    logs = _logs(run_dir)
+    # Every pod running at the time (the two training pods, the lost one's replacement if it had
+    # started) started ft_launcher again once, on the same pod.
+    for log in sorted((run_dir / "logs").glob("pod-*.log")):
+        assert log.read_text(errors="replace").count("the rendezvous service was replaced") <= 1, log.name
+    assert logs.count("the rendezvous service was replaced") >= 2, logs[-6000:]
+    from trainer.metrics import read_events
+
+    events, _ = read_events(run_dir / "out")
+    killed_at = float(rec["action"]["t"])
+    after = [e for e in events if e["ev"] == "restore" and float(e["t"]) > killed_at]
+    assert after and {e["source"] for e in after} == {"shm"}, after
+    assert rec["unplanned_pod_restarts"] == 0
+
+
+def test_the_faulted_run_ends_bitwise_equal_to_a_fault_free_run(runs: dict[str, Any]) -> None:
+    clean, clean_dir = runs["clean"]
+    assert clean["succeeded"], clean["reason"]
+    assert _final_state(runs["faulted"][1] / "out") == _final_state(clean_dir / "out")
