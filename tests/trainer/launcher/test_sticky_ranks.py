@@ -1,0 +1,77 @@
+"""Sticky group ranks on the rendezvous' store host (trainer/launcher/patches.py `sticky_group_ranks`):
+a node active in the last round keeps its group rank, so its /dev/shm snapshots stay its own."""
+
+from __future__ import annotations
+
+import types
+from datetime import timedelta
+
+import pytest
+
+from trainer.launcher.patches import keep_previous_ranks, sticky_group_ranks
+
+
+def test_a_survivor_above_a_lost_node_keeps_its_rank_and_the_spare_fills_the_hole() -> None:
+    # Round 1: a, b, c active (0, 1, 2); s stands by. Round 2: a lost; NVRx compacts b -> 0, c -> 1, s -> 2.
+    nvrx = {"b": 0, "c": 1, "s": 2}
+    assert keep_previous_ranks(nvrx, {"a": 0, "b": 1, "c": 2}, 3) == {"b": 1, "c": 2, "s": 0}
+
+
+def test_standby_ranks_and_a_first_round_are_nvrx_own() -> None:
+    nvrx = {"a": 0, "b": 1, "s": 2, "t": 3}
+    assert keep_previous_ranks(nvrx, {}, 2) == nvrx
+    # A previous standby (rank >= world) has no rank to keep; standby ranks stay as NVRx gave them.
+    assert keep_previous_ranks({"s": 0, "b": 1, "a": 2}, {"a": 0, "b": 1, "s": 2}, 2) == {"s": 0, "b": 1, "a": 2}
+    assert keep_previous_ranks({"b": 0, "s": 1, "c": 2}, {"a": 0, "b": 1, "c": 2}, 2) == {"b": 1, "s": 0, "c": 2}
+
+
+@pytest.fixture
+def barrier(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, object]:
+    import torch.distributed as dist
+    from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as module
+
+    from tools.ports import free_port
+
+    state_cls = module._RendezvousBarrierState
+    monkeypatch.setattr(state_cls, "_assign_group_ranks", state_cls._assign_group_ranks)  # undone after
+    store = dist.TCPStore("127.0.0.1", free_port(span=1), is_master=True, timeout=timedelta(seconds=5))
+    return module, state_cls(store, "sticky-test", is_store_host=True)
+
+
+def _participants(module: types.ModuleType, names: list[str]) -> dict[str, tuple]:
+    return {n: (module._NodeDesc(n, 100 + i, 0), i, "none", None) for i, n in enumerate(names)}
+
+
+def _round(state: object, people: dict[str, tuple], present: list[str], world: int) -> dict[str, int]:
+    ranks = state._assign_group_ranks([people[n] for n in present], world)  # type: ignore[attr-defined]
+    by_desc = {p[0]: n for n, p in people.items()}
+    return {by_desc[d]: r for d, r in ranks.items()}
+
+
+def test_nvrx_assignment_as_shipped_moves_survivors_down(barrier: tuple[types.ModuleType, object]) -> None:
+    """Canary: NVRx's own assignment compacts ranks after a loss, so a survivor's rank (and the meaning
+    of its /dev/shm snapshots) changes. Fails once NVRx keeps survivors' ranks: drop the patch then."""
+    module, state = barrier
+    people = _participants(module, ["a", "b", "c", "s"])
+    assert _round(state, people, ["a", "b", "c", "s"], 3) == {"a": 0, "b": 1, "c": 2, "s": 3}
+    assert _round(state, people, ["b", "c", "s"], 3) == {"b": 0, "c": 1, "s": 2}
+
+
+def test_patched_assignment_keeps_survivors(barrier: tuple[types.ModuleType, object]) -> None:
+    module, state = barrier
+    assert sticky_group_ranks(module) and sticky_group_ranks(module)  # wraps once
+    people = _participants(module, ["a", "b", "c", "s"])
+    assert _round(state, people, ["a", "b", "c", "s"], 3) == {"a": 0, "b": 1, "c": 2, "s": 3}
+    assert _round(state, people, ["b", "c", "s"], 3) == {"b": 1, "c": 2, "s": 0}
+    # The next loss: c; the lost node's replacement (a, back as a new spare) fills c's rank.
+    assert _round(state, people, ["a", "b", "s"], 3) == {"a": 2, "b": 1, "s": 0}
+
+
+def test_segment_aware_rounds_keep_nvrx_assignment(barrier: tuple[types.ModuleType, object]) -> None:
+    module, state = barrier
+    sticky_group_ranks(module)
+    state.segment = 1  # type: ignore[attr-defined]
+    people = _participants(module, ["a", "b", "c"])
+    people = {n: (p[0], p[1], f"dom{p[1]}", None) for n, p in people.items()}
+    assert _round(state, people, ["a", "b", "c"], 2) == {"a": 0, "b": 1, "c": 2}
+    assert _round(state, people, ["b", "c"], 2) == {"b": 0, "c": 1}

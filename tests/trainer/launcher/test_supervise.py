@@ -1,0 +1,108 @@
+"""The pod's main process under ft_launcher (trainer/launcher/supervise.py): ft_launcher starts again on
+the same pod when the rendezvous service was replaced, and only then."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+from tools.ports import free_port
+from trainer.launcher.supervise import EPOCH_FILE_ENV, Supervisor, read_epoch, wait_for_other_epoch
+
+
+def _child(tmp_path: Path, *codes: int, epoch: str | None = "e1") -> list[str]:
+    """A stand-in for ft_launcher: the n-th start writes `epoch` (if any) where ft.py would, then exits
+    with codes[n]; it counts its starts in tmp_path/starts."""
+    write = f"open(os.environ[{EPOCH_FILE_ENV!r}], 'w').write({epoch!r})" if epoch else "pass"
+    code = (
+        "import os, pathlib; p = pathlib.Path(%r); n = len(p.read_text()) if p.exists() else 0; "
+        "p.write_text('x' * (n + 1)); %s; raise SystemExit(%r[n])" % (str(tmp_path / "starts"), write, list(codes))
+    )
+    return [sys.executable, "-c", code]
+
+
+def _supervisor(tmp_path: Path, command: list[str], other: dict[str, str | None]) -> Supervisor:
+    asked: list[str] = []
+
+    def other_epoch(endpoint: str, epoch: str, wait_s: float) -> str | None:
+        asked.append(epoch)
+        return other.get(epoch)
+
+    sup = Supervisor(command, "svc:1", str(tmp_path / "epoch"), other_epoch=other_epoch, log=lambda m: None)
+    sup.asked = asked  # type: ignore[attr-defined]
+    return sup
+
+
+def test_a_replaced_service_starts_ft_launcher_again(tmp_path: Path) -> None:
+    sup = _supervisor(tmp_path, _child(tmp_path, 1, 0), {"e1": "e2"})
+    assert sup.run() == 0
+    assert sup.restarts == 1
+    assert (tmp_path / "starts").read_text() == "xx"
+
+
+def test_the_same_service_means_ft_launcher_failed_on_its_own(tmp_path: Path) -> None:
+    sup = _supervisor(tmp_path, _child(tmp_path, 3, 0), {"e1": None})
+    assert sup.run() == 3
+    assert sup.restarts == 0 and sup.asked == ["e1"]  # type: ignore[attr-defined]
+
+
+def test_no_epoch_no_supervision(tmp_path: Path) -> None:
+    """A launcher-hosted store (torchrun, is_host) has no epoch: its failure is the pod's, as before."""
+    sup = _supervisor(tmp_path, _child(tmp_path, 1, 0, epoch=None), {"e1": "e2"})
+    assert sup.run() == 1
+    assert sup.asked == []  # type: ignore[attr-defined]
+
+
+def test_a_signal_is_forwarded_and_ends_supervision(tmp_path: Path) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sup = _supervisor(tmp_path, sleeper, {"e1": "e2"})
+    threading.Timer(1.0, sup.forward, args=(signal.SIGTERM,)).start()
+    started = time.monotonic()
+    assert sup.run() == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 30
+    assert sup.restarts == 0
+
+
+@pytest.mark.slow
+def test_a_new_service_process_has_a_new_epoch(tmp_path: Path) -> None:
+    """The real service (python -m trainer.launcher.rendezvous, NVRx's nvrx-control): each process
+    writes a fresh epoch; the supervisor's reader sees the change once the replacement listens."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "trainer.launcher.rendezvous", "--nnodes=1:1", "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=epoch-test", "--ft-enable-log-server=false",
+    ]  # fmt: skip
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            epoch = read_epoch(f"127.0.0.1:{port}", timeout_s=1.0)
+            if epoch:
+                return proc, epoch
+            time.sleep(0.2)
+        proc.kill()
+        raise AssertionError("the rendezvous service never answered")
+
+    first, epoch = start()
+    try:
+        first.kill()
+        first.wait()
+        assert read_epoch(f"127.0.0.1:{port}", timeout_s=1.0) is None  # gone: nothing answers
+        second, new = start()
+        try:
+            assert new != epoch
+            assert wait_for_other_epoch(f"127.0.0.1:{port}", epoch, 5.0) == new
+            assert wait_for_other_epoch(f"127.0.0.1:{port}", new, 5.0) is None  # not replaced
+        finally:
+            second.terminate()
+            assert second.wait(timeout=30) == 0  # SIGTERM ends it cleanly
+    finally:
+        first.kill()
