@@ -105,6 +105,17 @@ SCENARIOS: dict[str, PodsScenario] = {
             "kill-rendezvous",
             snapshots=True,
         ),
+        # ... and then one pod's ft_launcher process (its workers and rank monitors go with it).
+        PodsScenario(
+            "compound/host-rendezvous-launcher",
+            2,
+            1,
+            1,
+            ("node-loss:step=4:node=0",),
+            "kill-rendezvous-then-launcher",
+            snapshots=True,
+            steps=16,
+        ),
         PodsScenario(
             "compound/rank-during-restart",
             1,
@@ -275,6 +286,7 @@ class Driver:
         self.sc, self.job, self.log_dir = sc, job, log_dir
         self.done: dict[str, Any] | None = None
         self._old_workers: set[int] = set()
+        self._did: dict[str, Any] = {}
 
     def workers(self, indexes: Sequence[int] = (0,)) -> set[int]:
         """The worker processes (`python -u -m trainer`, children of the pod's launcher: the
@@ -288,6 +300,17 @@ class Driver:
                 p for p in procs if _ppid(p) in launchers and " -m trainer " in f"{_cmdline(p)} "
             }
         return found
+
+    def _a_training_launcher(self) -> tuple[int, int] | None:
+        """(pod index, pid) of the ft_launcher process of a pod that has workers now."""
+        for index in range(self.sc.nodes + self.sc.spares):
+            if not self.workers((index,)):
+                continue
+            pod = self.job.pod(index)
+            procs = pod.processes()
+            for pid in _launchers(pod.pid, procs) - {pod.pid}:
+                return index, pid
+        return None
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         if self.done is not None or not self.sc.action:
@@ -312,11 +335,20 @@ class Driver:
                 pid = min(new)
                 os.kill(pid, signal.SIGKILL)
                 self.done = {"action": self.sc.action, "t": time.time(), "pids": [pid]}
-        elif self.sc.action == "kill-rendezvous" and last_fault_fired:
+        elif self.sc.action.startswith("kill-rendezvous") and last_fault_fired:
             fault_step = max(int(e["step"]) for e in injected)
-            if any(e["ev"] == "step" and int(e["step"]) >= fault_step + 3 for e in events):
-                pids = self.job.kill_rendezvous()
-                self.done = {"action": self.sc.action, "t": time.time(), "pids": sorted(pids)}
+            last_step = max((int(e["step"]) for e in events if e["ev"] == "step"), default=-1)
+            if "rendezvous" not in self._did and last_step >= fault_step + 3:
+                self._did["rendezvous"] = {"t": time.time(), "pids": sorted(self.job.kill_rendezvous())}
+            if self.sc.action == "kill-rendezvous" and "rendezvous" in self._did:
+                self.done = {"action": self.sc.action, **self._did["rendezvous"]}
+            elif "rendezvous" in self._did and last_step >= fault_step + 6:
+                launcher = self._a_training_launcher()
+                if launcher is not None:
+                    index, pid = launcher
+                    os.kill(pid, signal.SIGKILL)
+                    self._did["launcher"] = {"t": time.time(), "pod": index, "pids": [pid]}
+                    self.done = {"action": self.sc.action, **self._did}
         elif self.sc.action == "kill-joining-spare" and last_fault_fired:
             t_fault = max(float(e["t"]) for e in injected)
             took = takeover_after(role_changes(self.log_dir), t_fault)

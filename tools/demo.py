@@ -140,8 +140,8 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
     env["JOB_COMPLETION_INDEX"] = str(index)  # the Job controller sets it in every pod of an Indexed Job
-    # NVRx orders nodes by this infrastructure rank (SLURM_PROCID on Slurm): pod 0, the rendezvous store's
-    # host, stays node 0, and the spare with the highest index is the one standing by.
+    # NVRx orders the nodes of a round by this infrastructure rank (SLURM_PROCID on Slurm), so pod 0 starts
+    # as node 0 when it is among the first to arrive; later rounds keep each survivor's rank (sticky ranks).
     env["GROUP_RANK"] = str(index)
     Path(local["HOME"]).mkdir(parents=True, exist_ok=True)  # as the kubelet creates the emptyDir
     return env

@@ -99,7 +99,7 @@ infra/instance_types.py loads too, so chart and infra cannot disagree. */}}
 
 {{/*
 The rendezvous endpoint's host: the rendezvous service's fully qualified Service name. No training pod
-hosts the store (docs/failure-domains.md), so every launcher is a client (`is_host=0` in trainer.rdzvConf).
+hosts the store (docs/failure-domains.md): no launcher's host name matches it, so every launcher is a client.
 */}}
 {{- define "trainer.rdzvHost" -}}
 {{- printf "%s.%s.svc.%s" (include "trainer.rendezvousName" .) .Release.Namespace .Values.clusterDomain }}

@@ -4,9 +4,13 @@ runs Contract 2 of docs/design.md: ft_launcher in exec form with `$(VAR)` refere
 the local demo can run the very same argv after swapping the env entries that name cluster places.
 */}}
 
-{{/* The rendezvous options the launchers and the rendezvous service share (--rdzv-conf). */}}
+{{/*
+The rendezvous options the launchers and the rendezvous service share (--rdzv-conf). No `is_host`: the
+endpoint names the rendezvous service's Service, which no launcher's host name matches, so every launcher
+is a client (a local harness, where every endpoint is 127.0.0.1, adds is_host=0 itself: tools/localjob.py).
+*/}}
 {{- define "trainer.rdzvConf" -}}
---rdzv-conf=join_timeout={{ int .Values.rdzvJoinTimeout }},last_call_timeout={{ int .Values.rdzvLastCallTimeout }},is_host=0
+--rdzv-conf=join_timeout={{ int .Values.rdzvJoinTimeout }},last_call_timeout={{ int .Values.rdzvLastCallTimeout }}
 {{- end }}
 
 {{/*

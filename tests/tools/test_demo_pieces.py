@@ -94,7 +94,7 @@ def test_trainer_pod_from_the_rendered_chart_runs_ft_launcher_with_local_places(
     assert "--out-dir=/tmp/run" in argv
     # Both tiers' faults travel through the chart's values into the trainer's arguments.
     faults = sorted(a for a in argv if a.startswith("--fault="))
-    assert faults == ["--fault=exception:step=17:rank=1", "--fault=node-loss:step=37:node=1"]
+    assert faults == ["--fault=exception:step=17:rank=1", "--fault=node-loss:step=37:node=0"]
     assert not [a for a in argv if "$(" in a], "every $(VAR) of the pod command has a value"
 
 

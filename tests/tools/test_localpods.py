@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import REPO_ROOT, free_port
 from tools.localpods import LocalJob, LocalPod, PodSpec
 
 # A "launcher" that starts a "worker" in its own session, as torch's launcher does (start_new_session),
@@ -154,24 +155,39 @@ def test_a_killed_pod_is_a_disruption_and_is_replaced(tmp_path: Path) -> None:
     ]
 
 
-def test_pod_zero_is_listening_before_the_others_start(tmp_path: Path) -> None:
+def test_the_rendezvous_service_listens_before_any_pod_starts_and_is_replaced(tmp_path: Path) -> None:
+    """With a rendezvous port, LocalJob plays the chart's rendezvous Deployment: the service (its command
+    derived from the pods' launcher options) answers before the first pod starts, every pod is told it
+    is a client (is_host=0), and a killed service is replaced while the job runs."""
+    from trainer.launcher.supervise import read_epoch
+
     port = free_port()
-    host = (
-        "import socket, sys, time\ns = socket.socket(); time.sleep(0.5)\n"
-        f"s.bind(('127.0.0.1', {port})); s.listen()\nopen(sys.argv[1], 'w').write(str(time.time()))\n"
-        "time.sleep(600)\n"
+    probe = (
+        "import json, socket, sys, time\ns = socket.socket()\n"
+        f"up = s.connect_ex(('127.0.0.1', {port})) == 0\n"
+        "open(sys.argv[1], 'w').write(json.dumps([up, sys.argv[2:]]))\ntime.sleep(600)\n"
     )
-    other = "import sys, time\nopen(sys.argv[1], 'w').write(str(time.time()))\n"
-    env = dict(os.environ)
+    launcher_options = ["--nnodes=2:2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lj"]
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     specs = [
-        PodSpec("host", [sys.executable, "-c", host, str(tmp_path / "t0")], env, tmp_path / "0.log"),
-        PodSpec("peer", [sys.executable, "-c", other, str(tmp_path / "t1")], env, tmp_path / "1.log"),
+        PodSpec(f"pod-{i}", [sys.executable, "-c", probe, str(tmp_path / f"t{i}"), *launcher_options, "--rdzv-conf=join_timeout=9"], env, tmp_path / f"{i}.log")
+        for i in range(2)
     ]
-    with LocalJob(specs, host_port=port) as job:
+    with LocalJob(specs, host_port=port, rendezvous_restart_delay_s=0.1) as job:
         job.start()
-        t1 = float(_wait_for(tmp_path / "t1"))
-        t0 = float(_wait_for(tmp_path / "t0"))
-        assert t0 <= t1
+        for i in range(2):
+            up, args = json.loads(_wait_for(tmp_path / f"t{i}"))
+            assert up, "the service was not listening when the pod started"
+            assert "--rdzv-conf=join_timeout=9,is_host=0" in args
+        first = read_epoch(f"127.0.0.1:{port}")
+        assert first is not None
+        job.kill_rendezvous()
+        deadline = time.monotonic() + 60
+        while (epoch := read_epoch(f"127.0.0.1:{port}", timeout_s=0.5)) in (None, first):
+            assert time.monotonic() < deadline, "the service was not replaced"
+            job.poll()
+            time.sleep(0.1)
+        assert job.rendezvous_starts == 2 and epoch != first
 
 
 def test_invalid_job_configuration_names_the_field(tmp_path: Path) -> None:

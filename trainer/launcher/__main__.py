@@ -46,7 +46,8 @@ def main(argv: list[str]) -> int:
         from trainer.launcher.supervise import supervise
 
         ft = [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]]
-        return supervise(ft, rdzv_endpoint(command[1:]), os.path.join(os.path.dirname(path), "rendezvous.epoch"))
+        epoch_file = os.path.join(os.path.dirname(path), "rendezvous.epoch")
+        return supervise(ft, rdzv_endpoint(command[1:]), epoch_file, keep=(zygote.pid,))
     os.execvp(command[0], command)
     return 127  # pragma: no cover - execvp returns only by raising
 

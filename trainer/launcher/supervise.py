@@ -15,6 +15,12 @@ supervisor, ft_launcher its child, and when ft_launcher exits non-zero:
   failed for its own reasons; exit with its status, as before;
 * the endpoint stays unreachable for `REJOIN_WAIT_S`: exit with ft_launcher's status.
 
+And when ft_launcher itself was killed by a signal nobody here sent (SIGKILL from outside, the OOM
+killer), the pod is fine too: its workers, rank monitors and their helpers, reparented to this process
+(it is PID 1 in the container, and a child subreaper everywhere else), are killed and reaped, and
+ft_launcher starts again (at most `LAUNCHER_RESTARTS` times per pod): it joins the next round as a new
+node, which costs the job one restart round instead of a replaced pod. The zygote is kept.
+
 The supervisor itself never imports torch (it would hold a second copy of it in every pod): ft_launcher's
 process, which has the store client library loaded anyway, writes the epoch it joined under to
 `EPOCH_FILE_ENV` (trainer/launcher/ft.py), and after a failure one short-lived
@@ -45,6 +51,9 @@ EPOCH_FILE_ENV = "TRAINER_RENDEZVOUS_EPOCH_FILE"
 REJOIN_WAIT_S = 120.0
 """How long a launcher that lost its store waits for a rendezvous service to answer again."""
 POLL_S = 0.25
+LAUNCHER_RESTARTS = 3
+"""How often one pod's ft_launcher, killed from outside, is started again before the pod gives up."""
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
@@ -133,8 +142,11 @@ class Supervisor:
         except OSError:
             return None
 
-    def run(self) -> int:
+    def run(self, keep: frozenset[int] = frozenset()) -> int:
+        """Supervise until ft_launcher ends for good; `keep`: children that are not ft_launcher's
+        leftovers (the zygote)."""
         env = {**os.environ, SUPERVISOR_PID_ENV: str(os.getpid()), EPOCH_FILE_ENV: self.epoch_file}
+        killed_restarts = 0
         while True:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.epoch_file)
@@ -142,9 +154,21 @@ class Supervisor:
                 if self.stopping:
                     return 128 + signal.SIGTERM
                 self._child = subprocess.Popen(self.command, env=env)
-            rc = self._child.wait()
+            child = self._child
+            while (rc := child.poll()) is None:
+                reap_orphans(keep | {child.pid})
+                time.sleep(POLL_S)
             if rc == 0 or self.stopping:
                 return _exit_status(rc)
+            if rc < 0 and killed_restarts < LAUNCHER_RESTARTS:
+                killed_restarts += 1
+                left = end_orphans(keep | {child.pid})
+                self.restarts += 1
+                self.log(
+                    f"ft_launcher was killed by signal {-rc} from outside; ended its {left} leftover "
+                    f"processes, starting ft_launcher again on this pod (restart {self.restarts})"
+                )
+                continue
             epoch = self.joined_epoch()
             if not self.endpoint or epoch is None:
                 return _exit_status(rc)
@@ -156,6 +180,60 @@ class Supervisor:
                 f"ft_launcher exited {rc}: the rendezvous service was replaced (epoch {epoch} -> {new}); "
                 f"starting ft_launcher again on this pod (restart {self.restarts})"
             )
+
+
+def become_subreaper() -> None:
+    """Have orphaned descendants reparented to this process (what PID 1 of a container gets anyway)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: no leftovers are tracked
+        pass
+
+
+def _children(of: int) -> list[tuple[int, str]]:
+    """(pid, state) of the processes whose parent is `of`, from /proc."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == of:
+            found.append((int(entry.name), fields[0]))
+    return found
+
+
+def reap_orphans(keep: set[int] | frozenset[int]) -> None:
+    """Reap the exited orphans reparented here (zombies), never a process in `keep`."""
+    for pid, state in _children(os.getpid()):
+        if state == "Z" and pid not in keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+def end_orphans(keep: set[int] | frozenset[int], grace_s: float = 5.0) -> int:
+    """SIGKILL and reap every child of this process but `keep` (a dead ft_launcher's workers, stand-ins,
+    rank monitors and their helpers, reparented here), repeating until none is left or `grace_s` ran
+    out (a killed stand-in's forked worker follows it through its lifeline); how many were ended."""
+    ended: set[int] = set()
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        left = [(pid, state) for pid, state in _children(os.getpid()) if pid not in keep]
+        if not left:
+            break
+        for pid, state in left:
+            if state != "Z":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            ended.add(pid)
+        time.sleep(0.05)
+        reap_orphans(keep)
+    return len(ended)
 
 
 def _other_epoch_in_subprocess(endpoint: str, epoch: str, wait_s: float) -> str | None:
@@ -173,12 +251,14 @@ def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str) -> int:
-    """Run ft_launcher's `command` under a Supervisor with the pod's signals forwarded."""
+def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, keep: Sequence[int] = ()) -> int:
+    """Run ft_launcher's `command` under a Supervisor with the pod's signals forwarded; `keep`: this
+    process's other children (the zygote), never taken for ft_launcher's leftovers."""
     supervisor = Supervisor(command, endpoint, epoch_file)
+    become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.forward)
-    return supervisor.run()
+    return supervisor.run(frozenset(keep))
 
 
 def main(argv: list[str]) -> int:

@@ -1,13 +1,16 @@
 """No pod and no single service is a point of failure (issue 26, docs/failure-domains.md): the pod command
 as the chart renders it, 2 nodes + 1 hot spare on 127.0.0.1 (bench/recovery_pods.py's harness), loses
-node 0 (pod 0: the rendezvous host before the rendezvous service existed) and then the rendezvous service
-itself, and finishes in the job, bitwise equal to a fault-free run of the same values:
+node 0 (pod 0: the rendezvous host before the rendezvous service existed), then the rendezvous service
+itself, then one training pod's ft_launcher process, and finishes in the job, bitwise equal to a
+fault-free run of the same values:
 
 * node 0's loss: the spare takes its place, the survivor keeps its group rank (sticky ranks) and
   restores from its own /dev/shm, the spare from the survivor's replica; at most one step recomputed;
   no pod but the lost one exits (the Job's failure budget is not charged for a peer);
 * the service's loss (SIGKILL, replaced by LocalJob as its Deployment would be): each pod's supervisor
-  starts ft_launcher again on the same pod; the ranks restore from /dev/shm; no pod exits.
+  starts ft_launcher again on the same pod; the ranks restore from /dev/shm; no pod exits;
+* one pod's ft_launcher SIGKILLed: that pod's main process ends its leftovers (workers, rank monitors)
+  and starts ft_launcher again; one restart round, no pod exits.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def _final_state(out: Path) -> str:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("no-spof")
     data = recovery_pods.make_data(work / "tokens.npy", CFG)
-    faulted = recovery_pods.SCENARIOS["compound/host-then-rendezvous"]
+    faulted = recovery_pods.SCENARIOS["compound/host-rendezvous-launcher"]
     clean = PodsScenario("clean", faulted.nodes, faulted.spares, faulted.nproc, (), snapshots=True)
     return {
         "faulted": (recovery_pods.run_once(faulted, CFG, work / "faulted", data), work / "faulted"),
@@ -70,7 +73,7 @@ def test_losing_node_0_is_recovered_in_the_job_from_memory_and_the_peer(runs: di
 
 def test_losing_the_rendezvous_service_costs_one_restart_round_and_no_pod(runs: dict[str, Any]) -> None:
     rec, run_dir = runs["faulted"]
-    assert rec["action"] is not None and rec["action"]["action"] == "kill-rendezvous"
+    assert rec["action"] is not None and rec["action"]["action"] == "kill-rendezvous-then-launcher"
     logs = _logs(run_dir)
     # Every pod running at the time (the two training pods, the lost one's replacement if it had
     # started) started ft_launcher again once, on the same pod.
@@ -80,10 +83,26 @@ def test_losing_the_rendezvous_service_costs_one_restart_round_and_no_pod(runs: 
     from trainer.metrics import read_events
 
     events, _ = read_events(run_dir / "out")
-    killed_at = float(rec["action"]["t"])
-    after = [e for e in events if e["ev"] == "restore" and float(e["t"]) > killed_at]
+    killed_at = float(rec["action"]["rendezvous"]["t"])
+    launcher_at = float(rec["action"]["launcher"]["t"])
+    after = [e for e in events if e["ev"] == "restore" and killed_at < float(e["t"]) < launcher_at]
     assert after and {e["source"] for e in after} == {"shm"}, after
     assert rec["unplanned_pod_restarts"] == 0
+
+
+def test_losing_one_launcher_process_costs_one_restart_round_and_no_pod(runs: dict[str, Any]) -> None:
+    rec, run_dir = runs["faulted"]
+    killed = rec["action"]["launcher"]
+    log = (run_dir / "logs" / f"pod-{killed['pod']}.log").read_text(errors="replace")
+    assert log.count("ft_launcher was killed by signal 9 from outside") == 1, log[-4000:]
+    from trainer.metrics import read_events
+
+    events, _ = read_events(run_dir / "out")
+    after = [e for e in events if e["ev"] == "restore" and float(e["t"]) > float(killed["t"])]
+    # Every rank restored once more, from memory or a peer, never a durable checkpoint.
+    assert after and {e["source"] for e in after} <= {"shm", "peer"}, after
+    assert len({e["rank"] for e in after}) == 2
+    assert rec["succeeded"] and rec["unplanned_pod_restarts"] == 0
 
 
 def test_the_faulted_run_ends_bitwise_equal_to_a_fault_free_run(runs: dict[str, Any]) -> None:

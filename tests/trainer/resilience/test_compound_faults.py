@@ -177,17 +177,17 @@ def _compound(tmp_path: Path, name: str) -> dict[str, Any]:
     assert rec["action"] is not None, f"the second fault never hit: {rec}\n{logs}"
     assert rec["succeeded"] and rec["status"] == "completed", f"{rec}\n{logs}"
     assert all(f["mttr_s"] is not None for f in rec["faults"]), rec["faults"]
-    assert rec["pod_attempts"].get(0, 1) == 1, "the host pod was replaced: a whole-job restart"
+    assert rec["pod_attempts"].get(0, 1) == 1, "pod 0 was replaced: a whole-job restart"
     assert rec["unplanned_pod_restarts"] == 0, f"a pod nobody killed was replaced: {rec['pod_exits']}"
     assert rec["linger_s"] is not None and rec["linger_s"] < LINGER_LIMIT_S, rec["pod_exits"]
-    # Pod 0's launcher alone hosts the rendezvous and closes its rounds, as on a cluster (LocalJob tells
-    # each launcher with is_host; without it every local launcher closed rounds and two pods got one rank).
+    # The rendezvous service alone closes the rounds, as on a cluster (LocalJob tells every launcher it is
+    # a client with is_host=0; without it every local launcher closed rounds and two pods got one rank).
     closers = {
         p.name
-        for p in (tmp_path / "run" / "logs").glob("pod-*.log")
+        for p in (tmp_path / "run" / "logs").glob("*.log")
         if "[Step 2] Constraint ok" in p.read_text()
     }
-    assert closers == {"pod-0.log"}, closers
+    assert closers == {"rendezvous.log"}, closers
     single, compound = rec["single_mttr_s"], rec["mttr_s"]
     print(f"{name}: single fault MTTR {single:.2f} s, compound {compound:.2f} s ({compound / single:.2f}x)")
     return rec
