@@ -92,6 +92,9 @@ class Session:
         from trainer.api.misuse import process_groups
         from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
 
+        from trainer import spans
+
+        spans.mark("store")
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend,
@@ -101,8 +104,10 @@ class Session:
             timeout=timedelta(seconds=cfg.timeouts.collective_timeout),
             device_id=device if device.type == "cuda" else None,
         )
+        spans.mark("pg")
         self.device = device
         self.mesh = init_device_mesh(device.type, (proc.world_size,))
+        spans.mark("mesh")
         manager = CheckpointManager(
             cfg.ckpt,
             rank=proc.rank,
@@ -114,6 +119,7 @@ class Session:
         )
         self.ckpt = CheckpointLoop(manager, cfg.ckpt, events, rank=proc.rank, last_step=cfg.run.steps - 1)
         self.known_groups = process_groups()
+        spans.mark("ckpt_manager")
 
     def extra_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """A DeviceMesh of more dimensions, known to the teardown (`job.device_mesh`)."""

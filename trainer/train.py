@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainer import spans
 from trainer.api import rng
 from trainer.api.job import Job, TrainFn, ping
 from trainer.api.misuse import Misuse
@@ -96,6 +97,7 @@ class Trainer:
             t_caught, reason = self.caught or (time.time(), "restarted by the in-process Wrapper")
             self.events.emit("fault_detected", tier=1, reason=reason, t_caught=t_caught)
             self.caught = None
+        spans.begin()
         self.events.emit(
             "run_start", world_size=self.proc.world_size, config=self.cfg.to_dict(), forked=prefork.forked()
         )

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainer import spans
 from trainer.checkpoint import layout, local_restore
 from trainer.checkpoint.state import apply_loaded, build_save_dict
 from trainer.snapshot import codec
@@ -80,6 +81,7 @@ def restore(
     refused = [f"slot {r.slot}: {r.reason}" for r in rejected]
     for reason in refused:
         log.warning("snapshot not offered: %s", reason)
+    spans.mark("offers")
     durable = _newest_durable_step(ckpt) if rank == 0 else -1
     mine = [o.header.step for o in offers][:OFFERED]
     peer_row = peers.offer_row() if peers is not None else []
@@ -87,13 +89,16 @@ def restore(
     row = torch.tensor(own_row + peer_row, dtype=torch.int64, device=device)
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
+    spans.mark("agree")
     table = [r.tolist() for r in rows]
     durable = int(table[0][OFFERED])
     has = [{s for s in r[:OFFERED] if s >= 0} for r in table]
     if peers is not None:  # a step a peer keeps a replica of counts as one the rank has
         for owner, steps in enumerate(peers.learn([r[OFFERED + 1 :] for r in table])):
             has[owner] |= steps
+    spans.mark("learn")
     local = local_restore.agree(ckpt, state, durable, device)
+    spans.mark("local_agree")
     refused += local.refused
     common = set.intersection(*has)
     tried_template = False
@@ -102,17 +107,21 @@ def restore(
             break
         tried_template = True
         found = _snapshot_source(step, offers, store, peers)
+        spans.mark("fetch")
         if isinstance(found, str):
             error: str | None = found
         else:
             source, source_store, offer = found
             error = _load_snapshot(source_store, offer, state, rank)
-        if _all_succeeded(error is None, device):
+        ok = _all_succeeded(error is None, device)
+        spans.mark("confirm")
+        if ok:
             assert store is not None and not isinstance(found, str)
             store.discard_newer_than(step)
             path, load_s = str(source_store.path(offer.slot)), time.perf_counter() - t0
             if peers is not None:
                 peers.after_restore(step)
+            spans.mark("cleanup")
             events.emit("restore", step=step, path=path, load_s=load_s, source=source)
             return Restored(step, source, path, load_s, [], refused)
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
@@ -160,10 +169,14 @@ def _load_snapshot(store: SnapshotStore | None, offer: Offer, state: dict[str, A
     try:
         assert store is not None
         template = build_save_dict(state, rank)
+        spans.mark("template")
         skeleton, tensors = codec.flatten(template)
         expected = codec.layout_id(skeleton, codec.plan(tensors)[0])
+        spans.mark("layout")
         loaded = store.load(offer, template, expected)
+        spans.mark("fill")
         apply_loaded(state, loaded, rank)
+        spans.mark("apply")
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[:300]}"
