@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path

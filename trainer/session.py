@@ -89,10 +89,9 @@ class Session:
         in-process Wrapper from it: a long final write must not look like a hung rank)."""
         from datetime import timedelta
 
+        from trainer import spans
         from trainer.api.misuse import process_groups
         from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
-
-        from trainer import spans
 
         spans.mark("store")
         backend = "nccl" if device.type == "cuda" else "gloo"
