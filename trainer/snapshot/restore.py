@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainer import spans
 from trainer.checkpoint import layout, local_restore
 from trainer.checkpoint.local_restore import NONE
-from trainer.checkpoint.state import apply_loaded, build_save_dict
+from trainer.checkpoint.state import apply_filled, build_save_dict
 from trainer.snapshot import codec
 from trainer.snapshot.store import Offer, SnapshotStore
 
@@ -201,7 +201,7 @@ def _load_snapshot(store: SnapshotStore | None, offer: Offer, state: dict[str, A
         spans.mark("layout")
         loaded = store.load(offer, template, expected)
         spans.mark("fill")
-        apply_loaded(state, loaded, rank)
+        apply_filled(state, loaded, rank)
         spans.mark("apply")
         return None
     except Exception as exc:

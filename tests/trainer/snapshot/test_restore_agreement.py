@@ -170,3 +170,35 @@ def test_a_pull_from_a_peer_waits_for_one_round_in_which_every_holder_learned_th
         _restore(tmp_path, one_rank, counted, peers)
     assert peers.fetched_after == [1], "the pull must come after the keying round (one all_reduce)"
     assert counted["all_gather"] == 1
+
+
+def test_a_filled_template_skips_the_models_reload_and_a_copy_does_not(
+    one_rank: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.checkpoint import state as state_module
+
+    source = make_state(one_rank)
+    train_step(source, 0)
+    saved = build_save_dict(source, 0)
+    reloads: list[str] = []
+    real = state_module.set_state_dict
+    monkeypatch.setattr(
+        state_module, "set_state_dict", lambda *a, **k: (reloads.append("all"), real(*a, **k))
+    )
+    for copied in (False, True):
+        target = make_state(one_rank, seed=5)
+        template = build_save_dict(target, 0)
+        if copied:  # tensors that are not the model's own: only a full reload puts them there
+            template = {**template, "model": {k: v.detach().clone() for k, v in template["model"].items()}}
+        for mine, theirs in zip(template["model"].values(), saved["model"].values(), strict=True):
+            mine.to_local().copy_(theirs.to_local())  # what codec.fill does
+        template["optim"] = saved["optim"]  # the optimizer goes through its own load either way
+        template["trainer@rank0"] = saved["trainer@rank0"]
+        reloads.clear()
+        state_module.apply_filled(target, template, 0)
+        assert reloads == (["all"] if copied else []), copied
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(snapshot(target).values(), snapshot(source).values(), strict=True)
+        )
+        assert target["trainer"].step == source["trainer"].step
