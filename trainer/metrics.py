@@ -99,6 +99,13 @@ class EventLog:
             "iteration": self.iteration,
         }
         record.update(fields)
+        if ev == "restore":
+            from trainer import spans
+
+            spans.mark("other")
+            taken = spans.take()
+            if taken is not None:
+                record["spans"] = taken
         if ev == "step":
             record["t"] = fields["t_end"]
         if not writes_to_log(ev, self.local_rank, fields):

@@ -89,9 +89,11 @@ class Session:
         in-process Wrapper from it: a long final write must not look like a hung rank)."""
         from datetime import timedelta
 
+        from trainer import spans
         from trainer.api.misuse import process_groups
         from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
 
+        spans.mark("store")
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend,
@@ -101,8 +103,10 @@ class Session:
             timeout=timedelta(seconds=cfg.timeouts.collective_timeout),
             device_id=device if device.type == "cuda" else None,
         )
+        spans.mark("pg")
         self.device = device
         self.mesh = init_device_mesh(device.type, (proc.world_size,))
+        spans.mark("mesh")
         manager = CheckpointManager(
             cfg.ckpt,
             rank=proc.rank,
@@ -114,6 +118,7 @@ class Session:
         )
         self.ckpt = CheckpointLoop(manager, cfg.ckpt, events, rank=proc.rank, last_step=cfg.run.steps - 1)
         self.known_groups = process_groups()
+        spans.mark("ckpt_manager")
 
     def extra_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
         """A DeviceMesh of more dimensions, known to the teardown (`job.device_mesh`)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainer import spans
 from trainer.api import rng
 from trainer.api.job import Job, TrainFn, ping
 from trainer.api.misuse import Misuse
@@ -69,6 +70,12 @@ class Trainer:
         self.heartbeat = Heartbeat.from_env(policy=policy_from_config(cfg, self.proc.rank))
         self.snapshots = Snapshots.for_run(cfg, rank=self.proc.rank, world_size=self.proc.world_size)
         self.store: dist.Store | None = None
+        if self.proc.rank == 0:
+            # Host the training group's store now, before the in-process Wrapper's initial barrier: the
+            # other ranks connect to it only after that barrier, so their first connect finds it. Hosted
+            # in the first attempt instead, it came up while they were already connecting, and torch's
+            # client backs off ~0.5 s after a refused connect: half a second of every tier-2 restart.
+            self.base_store()
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
         self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
         self.last_step = -1
@@ -96,6 +103,7 @@ class Trainer:
             t_caught, reason = self.caught or (time.time(), "restarted by the in-process Wrapper")
             self.events.emit("fault_detected", tier=1, reason=reason, t_caught=t_caught)
             self.caught = None
+        spans.begin()
         self.events.emit(
             "run_start", world_size=self.proc.world_size, config=self.cfg.to_dict(), forked=prefork.forked()
         )

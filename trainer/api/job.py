@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
+from trainer import spans
 from trainer.api import misuse, rng
 
 if TYPE_CHECKING:
@@ -176,6 +177,7 @@ class Job:
         state_dict/load_state_dict) are checkpointed, snapshotted and restored with the model. Checked
         before the first step: misuse raises `Misuse`, one line naming the rule and the fix.
         """
+        spans.mark("build")  # the training function's own work before the loop: model, optimizer, data
         if self._looped:
             raise misuse.Misuse("job.loop", "called twice in one attempt: run every step in one loop")
         self._looped = True
@@ -194,6 +196,7 @@ class Job:
             if self.rank == 0:
                 self._events.emit("data_position_unsaved", data=type(data).__name__)
         self._session.entries = entries
+        spans.mark("checks")
         return self._steps(entries, loop_state, data)  # checked now, at the call, not at the first next()
 
     def _steps(self, entries: dict[str, Any], loop_state: LoopState, data: Any) -> Iterator[tuple[int, Any]]:

@@ -88,6 +88,21 @@ class LocalCandidates:
         return self.steps[0] if self.steps else -1
 
 
+NONE = LocalCandidates([], [], [])
+"""No local step can be restored (none is at least as new as the durable checkpoint on every rank)."""
+
+
+def newest_sealed(ckpt: Any) -> int:
+    """This rank's newest locally sealed step, unverified (-1: none): no file is read but the listing.
+
+    The minimum over the ranks bounds every step `agree` could find (a verified step is a sealed one,
+    and every rank must have it), so a restore agreement learns from one integer per rank whether the
+    local tier can matter at all before paying for its verification."""
+    local = getattr(ckpt.manager, "local", None)
+    steps = local.sealed_steps() if local is not None else []
+    return steps[0] if steps else -1
+
+
 def agree(ckpt: Any, state: dict[str, Any], durable: int, device: torch.device) -> LocalCandidates:
     """The local steps every rank can restore (a collective on the default group; every rank calls it,
     with or without a local tier)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
 from trainer.checkpoint import entry_blob
@@ -98,6 +98,37 @@ def apply_loaded(state: dict[str, Any], loaded: dict[str, Any], rank: int) -> No
         set_state_dict(model, optim, model_state_dict=loaded[MODEL], optim_state_dict=loaded[OPTIM])
     else:
         set_state_dict(model, [], model_state_dict=loaded[MODEL], optim_state_dict={})
+    _apply_entries(state, loaded, rank)
+
+
+def apply_filled(state: dict[str, Any], loaded: dict[str, Any], rank: int) -> None:
+    """apply_loaded for a build_save_dict template whose tensors were overwritten in place (a snapshot's
+    load, codec.fill). The template's model tensors are the live model's own shards, so the values are
+    there already, and the model's load_state_dict would copy every parameter onto itself through
+    DTensor dispatch: in a freshly started worker the costliest part of a snapshot restore after the
+    transfer. It is skipped when every model tensor of `loaded` is one of the live model's (checked,
+    else apply_loaded); the optimizer (its hyperparameters and step counts) and every other entry are
+    pushed back as apply_loaded does."""
+    model, optim = state[MODEL], state.get(OPTIM)
+    if not _is_models_own(model, loaded[MODEL]):
+        apply_loaded(state, loaded, rank)
+        return
+    if optim is not None:
+        set_optimizer_state_dict(model, optim, optim_state_dict=loaded[OPTIM])
+    _apply_entries(state, loaded, rank)
+
+
+def _is_models_own(model: nn.Module, values: dict[str, Any]) -> bool:
+    """Every value is a tensor over the memory of one of the model's parameters or buffers."""
+    own = {(t.data_ptr(), t.numel()) for t in map(_local, (*model.parameters(), *model.buffers()))}
+    return all(
+        isinstance(v, torch.Tensor)
+        and (_local(v).numel() == 0 or (_local(v).data_ptr(), _local(v).numel()) in own)
+        for v in values.values()
+    )
+
+
+def _apply_entries(state: dict[str, Any], loaded: dict[str, Any], rank: int) -> None:
     for name, obj in state.items():
         if name in (MODEL, OPTIM) or obj is None:
             continue

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer import spans
 from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot.budget import adamw_estimate, check_fits, replica_limit
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
@@ -86,6 +87,7 @@ class Snapshots:
         if self.peers is not None:
             self.peers.events = events
             self.peers.quiesce()  # no replica of this (possibly abandoned) past lands after the agreement
+        spans.mark("budget")
         return self.last_restore(
             restore(self.store, ckpt, state, rank=self.rank, device=device, events=events, peers=self.peers)
         )

@@ -9,9 +9,13 @@ checkpoint's copy on the node's NVMe, trainer/checkpoint/local_restore.py), the 
 
 The agreement is one small all_gather on the training group: each rank offers the steps of its verified
 snapshots (checksum, run, world size, rank), the replicas it keeps for other ranks (trainer/snapshot/
-replica.py) and rank 0 adds the newest committed durable step. Every rank then restores the newest step
-that every rank can restore from memory (its own snapshot, else its peer's replica), if it is at least
-as new as the durable checkpoint; after loading, one more all_reduce confirms that every rank succeeded.
+replica.py) and its newest locally sealed step (unverified: a directory listing), and rank 0 adds the
+newest committed durable step. Every rank then restores the newest step that every rank can restore from
+memory (its own snapshot, else its peer's replica), if it is at least as new as the durable checkpoint
+and as the local one; after loading, one more all_reduce confirms that every rank succeeded. The local
+tier is verified (each rank checksums its files, and a second all_gather agrees on the steps,
+trainer/checkpoint/local_restore.py) only when a local step could win: when the snapshot step is older
+than the oldest of the ranks' newest sealed steps, or no snapshot loads.
 If any rank failed (a replica that fails its checksum once pulled, a peer gone meanwhile), that step is
 struck off and the group agrees again, down to the durable checkpoint: a rank never resumes at a step
 its peers do not.
@@ -27,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainer import spans
 from trainer.checkpoint import layout, local_restore
-from trainer.checkpoint.state import apply_loaded, build_save_dict
+from trainer.checkpoint.local_restore import NONE
+from trainer.checkpoint.state import apply_filled, build_save_dict
 from trainer.snapshot import codec
 from trainer.snapshot.store import Offer, SnapshotStore
 
@@ -80,44 +86,73 @@ def restore(
     refused = [f"slot {r.slot}: {r.reason}" for r in rejected]
     for reason in refused:
         log.warning("snapshot not offered: %s", reason)
+    spans.mark("offers")
     durable = _newest_durable_step(ckpt) if rank == 0 else -1
+    spans.mark("durable_scan")
     mine = [o.header.step for o in offers][:OFFERED]
     peer_row = peers.offer_row() if peers is not None else []
-    own_row = mine + [-1] * (OFFERED - len(mine)) + [durable]
+    own_row = mine + [-1] * (OFFERED - len(mine)) + [durable, local_restore.newest_sealed(ckpt)]
     row = torch.tensor(own_row + peer_row, dtype=torch.int64, device=device)
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
+    spans.mark("agree")
     table = [r.tolist() for r in rows]
     durable = int(table[0][OFFERED])
+    local_bound = min(int(r[OFFERED + 1]) for r in table)  # no local step every rank has is newer
     has = [{s for s in r[:OFFERED] if s >= 0} for r in table]
+    own = [set(steps) for steps in has]
     if peers is not None:  # a step a peer keeps a replica of counts as one the rank has
-        for owner, steps in enumerate(peers.learn([r[OFFERED + 1 :] for r in table])):
+        for owner, steps in enumerate(peers.learn([r[OFFERED + 2 :] for r in table])):
             has[owner] |= steps
-    local = local_restore.agree(ckpt, state, durable, device)
-    refused += local.refused
+    spans.mark("learn")
+    local: local_restore.LocalCandidates | None = None
+
+    def verified_local() -> local_restore.LocalCandidates:
+        # The local tier is verified (each rank's files read and checksummed, one more all_gather) only
+        # once a local step could win: every rank decides alike, from the table.
+        nonlocal local
+        if local is None:
+            could = local_bound >= max(durable, 0)
+            local = local_restore.agree(ckpt, state, durable, device) if could else NONE
+            refused.extend(local.refused)
+            spans.mark("local_agree")
+        return local
+
     common = set.intersection(*has)
+    if peers is not None and any(common - steps for steps in own):
+        # A rank will pull from a peer, and a holder serves only once `learn` gave it the channel key:
+        # one empty all_reduce lets every rank learn first (a pull before it was refused, and the whole
+        # group fell back a step).
+        _all_succeeded(True, device)  # nobody failed anything yet: a barrier on the training group
+        spans.mark("keyed")
     tried_template = False
     for step in sorted(common, reverse=True):
-        if step < max(durable, local.newest):  # a newer local checkpoint beats an older snapshot
+        if step < durable:
+            break
+        if step < local_bound and step < verified_local().newest:  # a newer local checkpoint wins
             break
         tried_template = True
         found = _snapshot_source(step, offers, store, peers)
+        spans.mark("fetch")
         if isinstance(found, str):
             error: str | None = found
         else:
             source, source_store, offer = found
             error = _load_snapshot(source_store, offer, state, rank)
-        if _all_succeeded(error is None, device):
+        ok = _all_succeeded(error is None, device)
+        spans.mark("confirm")
+        if ok:
             assert store is not None and not isinstance(found, str)
             store.discard_newer_than(step)
             path, load_s = str(source_store.path(offer.slot)), time.perf_counter() - t0
             if peers is not None:
                 peers.after_restore(step)
+            spans.mark("cleanup")
             events.emit("restore", step=step, path=path, load_s=load_s, source=source)
             return Restored(step, source, path, load_s, [], refused)
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
         refused.append(f"step {step}: {error or 'failed on another rank'}")
-    from_local = local_restore.restore_local(ckpt, state, local, events=events, t0=t0)
+    from_local = local_restore.restore_local(ckpt, state, verified_local(), events=events, t0=t0)
     if from_local is not None:
         if store is not None:
             store.discard_newer_than(from_local[0])
@@ -160,10 +195,14 @@ def _load_snapshot(store: SnapshotStore | None, offer: Offer, state: dict[str, A
     try:
         assert store is not None
         template = build_save_dict(state, rank)
+        spans.mark("template")
         skeleton, tensors = codec.flatten(template)
         expected = codec.layout_id(skeleton, codec.plan(tensors)[0])
+        spans.mark("layout")
         loaded = store.load(offer, template, expected)
-        apply_loaded(state, loaded, rank)
+        spans.mark("fill")
+        apply_filled(state, loaded, rank)
+        spans.mark("apply")
         return None
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc)[:300]}"

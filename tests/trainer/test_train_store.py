@@ -1,0 +1,45 @@
+"""The training group's store is up before any other rank looks for it (trainer/train.py, issue 26).
+
+Rank 0 hosts it when its Trainer is built, before the in-process Wrapper's initial barrier; the other
+ranks connect only after that barrier. Hosted in the first attempt instead, it came up while they were
+connecting, and torch's client backs off about half a second after a refused connect.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from tools.ports import free_port
+from trainer.config import config_from_args
+from trainer.train import Trainer
+
+
+def _trainer(rank: int, token_file: Path, out: Path, port: int, monkeypatch: pytest.MonkeyPatch) -> Trainer:
+    for name, value in {
+        "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port + 2), "TRAINER_PG_PORT": str(port), "TRAINER_INPROCESS_PORT": str(port + 1),
+    }.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    cfg = config_from_args(["--data-path", str(token_file), "--out-dir", str(out), "--device=cpu"], env={})
+    return Trainer(cfg, lambda job: None)
+
+
+def test_rank_0_hosts_the_store_when_its_trainer_is_built(
+    token_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port(span=3)
+    host = _trainer(0, token_file, tmp_path / "out", port, monkeypatch)
+    assert host.store is not None
+    t0 = time.perf_counter()
+    client = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=5))
+    took = time.perf_counter() - t0
+    client.set("k", "v")
+    assert host.store.get("k") == b"v"
+    assert took < 0.3, f"the first connect took {took:.2f} s: the store was not up yet"
+    other = _trainer(1, token_file, tmp_path / "out", port, monkeypatch)
+    assert other.store is None, "only rank 0 hosts; the others connect in their first attempt"
