@@ -76,7 +76,10 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
     _, tensors = codec.flatten(save)
     buffers = [torch.empty_like(t) for t in tensors]
     snaps = Snapshots(
-        SnapshotConfig(interval_steps=1, dir=shm, replication=False), rank=0, world_size=1, fingerprint="bench"
+        SnapshotConfig(interval_steps=1, dir=shm, replication=False),
+        rank=0,
+        world_size=1,
+        fingerprint="bench",
     )
     store = snaps.store
     assert store is not None

@@ -131,8 +131,11 @@ class Flat:
         return self.plan.tensor_bytes
 
     def payload_skeleton(self) -> bytes:
-        """The payload's JSON after the tensors: byte for byte json.dumps({"skeleton": ..., "tensors": ...})."""
-        return ('{"skeleton": ' + json.dumps(self.skeleton) + ', "tensors": ' + self.plan.tensors_json + "}").encode()
+        """The payload's JSON after the tensors, byte for byte what
+        json.dumps({"skeleton": ..., "tensors": ...}) writes."""
+        return (
+            '{"skeleton": ' + json.dumps(self.skeleton) + ', "tensors": ' + self.plan.tensors_json + "}"
+        ).encode()
 
     def layout(self) -> str:
         return layout_id(self.skeleton, self.plan.slots)

@@ -101,8 +101,8 @@ class Snapshots:
         """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so.
 
         blocked_s counts everything the loop waits for here: building (or refreshing) the save dict, the
-        wait for the previous commit and the peers, the copy. The result's `reusable` offers the snapshot to a durable
-        save of the same step (the loop passes it on; nothing here keeps it)."""
+        wait for the previous commit and the peers, the copy. The result's `reusable` offers the snapshot
+        to a durable save of the same step (the loop passes it on; nothing here keeps it)."""
         if self.store is None or not self.cfg.due(step):
             return None
         t_build = time.perf_counter()
@@ -117,7 +117,10 @@ class Snapshots:
         result = self.store.write(step, save_dict, flat=flat)
         reusable = Reusable(self.store, self.store.last_slot, step, self.store.pending_commit, save_dict)
         result = dataclasses.replace(
-            result, blocked_s=result.blocked_s + waited + built, wait_s=result.wait_s + waited, reusable=reusable
+            result,
+            blocked_s=result.blocked_s + waited + built,
+            wait_s=result.wait_s + waited,
+            reusable=reusable,
         )
         if result.bytes > self._checked_bytes:  # the exact size, once known (and if it ever grows)
             check_fits(

@@ -139,10 +139,8 @@ def _keep(state: dict[str, Any], save_dict: dict[str, Any], p: codec.Plan) -> _K
 
 def _has_state_dict_hooks(model: nn.Module, optim: Any) -> bool:
     if optim is not None and (
-        getattr(optim, "_optimizer_state_dict_pre_hooks", None) or getattr(optim, "_optimizer_state_dict_post_hooks", None)
+        getattr(optim, "_optimizer_state_dict_pre_hooks", None)
+        or getattr(optim, "_optimizer_state_dict_post_hooks", None)
     ):
         return True
-    return any(
-        type(m).get_extra_state is not nn.Module.get_extra_state
-        for m in model.modules()
-    )
+    return any(type(m).get_extra_state is not nn.Module.get_extra_state for m in model.modules())

@@ -196,10 +196,10 @@ class SnapshotStore:
         else:
             dst, src = self._views(slot, m, flat)
             if dst:
-                torch._foreach_copy_(dst, src, non_blocking=True)  # one call for every tensor: no per-tensor Python
+                # one call for every tensor: no Python per tensor
+                torch._foreach_copy_(dst, src, non_blocking=True)
         m.buf[HEADER_BYTES + tensor_bytes : HEADER_BYTES + tensor_bytes + len(skel)] = skel
         done = _copy_done_marker(flat.tensors)
-        t_copy = time.perf_counter()
         header = dict(
             step=step, fingerprint=self.fingerprint, world_size=self.world_size, rank=self.rank,
             layout=flat.layout(), tensor_bytes=tensor_bytes, skeleton_bytes=len(skel), pid=os.getpid(),
@@ -211,7 +211,9 @@ class SnapshotStore:
         blocked = time.perf_counter() - t0  # the hand-off to the commit thread is the loop's wait too
         return WriteResult(blocked, wait_s, blocked - wait_s, tensor_bytes + len(skel))
 
-    def _views(self, slot: int, m: _Mapping, flat: codec.Flat) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _views(
+        self, slot: int, m: _Mapping, flat: codec.Flat
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(destination views in the slot, sources) of every non-empty tensor; kept per slot while the
         mapping and the plan are the same objects (a remap or a new plan rebuilds them)."""
         cached = self._view_cache.get(slot)

@@ -1,7 +1,7 @@
 """The save dict a snapshot copies, kept within an attempt (trainer/snapshot/plan.py), and the store's
 one commit thread: reuse only while the live tensors stay put, and every snapshot exact either way.
 
-One process, a plain model with AdamW (the same helpers as test_snapshot_store.py); a snapshot is checked
+One process, a plain model with AdamW (as in test_snapshot_store.py); a snapshot is checked
 by restoring it into another state and comparing the full save dicts' digests (weights, optimizer state
 and param groups, per-rank entries) with the live state's.
 """
@@ -13,9 +13,57 @@ from pathlib import Path
 
 import torch
 
-from tests.trainer.snapshot.test_snapshot_store import digest, make_state, restore_into, train
+from trainer.checkpoint.state import apply_loaded, build_save_dict
+from trainer.snapshot import codec
 from trainer.snapshot.config import SnapshotConfig
 from trainer.snapshot.manager import Snapshots
+from trainer.snapshot.store import SnapshotStore
+
+
+class Counter:
+    """A per-rank Stateful whose value changes every step (a per-rank entry of the save dict)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "pos": (self.step, 7)}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step = int(sd["step"])
+
+
+def make_state(seed: int = 0) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return {"model": model, "optim": optim, "trainer": Counter()}
+
+
+def train(state: dict, steps: int) -> None:
+    model, optim = state["model"], state["optim"]
+    for _ in range(steps):
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        state["trainer"].step += 1
+
+
+def digest(state: dict) -> str:
+    import hashlib
+
+    from trainer.state_hash import hash_into
+
+    h = hashlib.sha256()
+    hash_into(h, build_save_dict(state, 0))
+    return h.hexdigest()
+
+
+def restore_into(s: SnapshotStore, state: dict) -> None:
+    (offer, *_), _ = s.offers()
+    template = build_save_dict(state, 0)
+    skeleton, tensors = codec.flatten(template)
+    apply_loaded(state, s.load(offer, template, codec.layout_id(skeleton, codec.plan(tensors)[0])), 0)
 
 
 def snapshots(tmp_path: Path) -> Snapshots:
@@ -44,7 +92,9 @@ def test_the_save_dict_is_reused_and_every_snapshot_is_exact(tmp_path: Path) -> 
         train(a, 1)
         sched.step()
         snaps.after_step(step, a)
-        assert restored_digest(snaps, scheduled=True) == digest(a), f"snapshot {step} differs from the live state"
+        assert restored_digest(snaps, scheduled=True) == digest(a), (
+            f"snapshot {step} differs from the live state"
+        )
     assert snaps.plan.builds == 1  # built at the first snapshot, reused by the three others
     snaps.finish()
 
