@@ -296,9 +296,8 @@ class Driver:
             pod = self.job.pod(index)
             procs = pod.processes()
             launchers = _launchers(pod.pid, procs)
-            found |= {  # not the prefork zygote (`-m trainer.launcher.prefork.server`), also the launcher's child
-                p for p in procs if _ppid(p) in launchers and " -m trainer " in f"{_cmdline(p)} "
-            }
+            # not the prefork zygote (`-m trainer.launcher.prefork.server`), also the launcher's child
+            found |= {p for p in procs if _ppid(p) in launchers and " -m trainer " in f"{_cmdline(p)} "}
         return found
 
     def _a_training_launcher(self) -> tuple[int, int] | None:

@@ -7,8 +7,9 @@ parameters and two AdamW moments take that much, runs one optimizer step (so the
 measures with the real trainer.snapshot code:
 - floor_s:       one copy of the same tensors into preallocated host buffers (the least any snapshot
                  can block: the one-copy floor the issue compares against);
-- blocked_s:     SnapshotStore.write as the loop sees it (the copy; the checksum and header follow in a
-                 background thread, so they do not count unless the next snapshot has to wait for them);
+- blocked_s:     Snapshots.after_step as the loop sees it (the save dict, built or reused, and the copy;
+                 the checksum and header follow in a background thread, so they do not count unless the
+                 next snapshot has to wait for them);
                  blocked_over_floor is the median of each snapshot's ratio to the floor copy before it;
 - commit_s:      that background part (CRC32 of the payload + header), measured by the following wait();
 - restore memory: offers (header + CRC verification) + load + set_state_dict, same process (tier 1);
@@ -66,14 +67,23 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
     from trainer.checkpoint import CheckpointConfig, CheckpointManager
     from trainer.checkpoint.state import apply_loaded, build_save_dict
     from trainer.snapshot import codec
+    from trainer.snapshot.config import SnapshotConfig
+    from trainer.snapshot.manager import Snapshots
     from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 
     state = _state(mib)
     save = build_save_dict(state, 0)
     _, tensors = codec.flatten(save)
     buffers = [torch.empty_like(t) for t in tensors]
-    store = SnapshotStore(shm, rank=0, world_size=1, fingerprint="bench")
-    store.write(-1, save)  # warm-up: the first write allocates the tmpfs pages
+    snaps = Snapshots(
+        SnapshotConfig(interval_steps=1, dir=shm, replication=False),
+        rank=0,
+        world_size=1,
+        fingerprint="bench",
+    )
+    store = snaps.store
+    assert store is not None
+    snaps.after_step(-1, state)  # warm-up: the first write allocates the tmpfs pages
     store.wait()
     floor, blocked, commit = [], [], []
     for i in range(reps):
@@ -81,7 +91,8 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
         for b, t in zip(buffers, tensors, strict=True):
             b.copy_(t)
         floor.append(time.perf_counter() - t0)
-        result = store.write(i, build_save_dict(state, 0))
+        result = snaps.after_step(i, state)
+        assert result is not None
         blocked.append(result.blocked_s)
         t1 = time.perf_counter()
         store.wait()

@@ -291,7 +291,10 @@ class LocalJob:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     return
             time.sleep(0.05)
-        raise TimeoutError(f"host_port: the rendezvous service is not listening on 127.0.0.1:{port} after {self._host_wait_s} s")
+        raise TimeoutError(
+            f"host_port: the rendezvous service is not listening on 127.0.0.1:{port} "
+            f"after {self._host_wait_s} s"
+        )
 
     def _classify(self, index: int, rc: int) -> str:
         if index in self._disrupted:

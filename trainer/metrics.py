@@ -384,7 +384,9 @@ def loss_breakdown(
     t0, t_last = float(events[0]["t"]), float(events[-1]["t"])
     first_start = float(steps[0]["t_start"])
     last_end = max(float(s["t_end"]) for s in steps)
-    windows = [(float(f["t"]), float(f["t"]) + float(f["mttr_s"])) for f in faults if f.get("mttr_s") is not None]
+    windows = [
+        (float(f["t"]), float(f["t"]) + float(f["mttr_s"])) for f in faults if f.get("mttr_s") is not None
+    ]
 
     def blocked(kind: str) -> float:
         """Sum over saves (or snapshots) of the slowest rank's blocked time, those inside the run."""

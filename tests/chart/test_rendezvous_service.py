@@ -12,9 +12,13 @@ from tools.podspec import load_manifests, trainer_pod
 
 
 def _rendezvous(manifests: list[dict]) -> tuple[dict, dict, dict]:
-    (deployment,) = [m for m in by_kind(manifests, "Deployment") if m["metadata"]["name"].endswith("-rendezvous")]
+    (deployment,) = [
+        m for m in by_kind(manifests, "Deployment") if m["metadata"]["name"].endswith("-rendezvous")
+    ]
     (service,) = [m for m in by_kind(manifests, "Service") if m["metadata"]["name"].endswith("-rendezvous")]
-    (policy,) = [m for m in by_kind(manifests, "NetworkPolicy") if m["metadata"]["name"].endswith("-rendezvous")]
+    (policy,) = [
+        m for m in by_kind(manifests, "NetworkPolicy") if m["metadata"]["name"].endswith("-rendezvous")
+    ]
     return deployment, service, policy
 
 
@@ -35,7 +39,9 @@ def test_one_replica_replaced_not_rolled_on_the_trainer_image() -> None:
     assert "tolerations" not in spec["template"]["spec"]
 
 
-@pytest.mark.parametrize("values", [{}, {"nodes": 3, "spareNodes": 2, "rdzvPort": 29555, "rdzvLastCallTimeout": 0}])
+@pytest.mark.parametrize(
+    "values", [{}, {"nodes": 3, "spareNodes": 2, "rdzvPort": 29555, "rdzvLastCallTimeout": 0}]
+)
 def test_its_arguments_are_what_the_local_harness_derives_from_the_pod_command(values: dict) -> None:
     """tools/podcommand.py rendezvous_argv (what LocalJob and the demo run) and the Deployment agree:
     the same node range, id and --rdzv-conf as the launchers, listening on rdzvPort."""
@@ -108,5 +114,7 @@ def test_scheduling_values_reach_the_pod_and_are_checked() -> None:
     assert pod["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "system"}
     assert pod["tolerations"] == [{"key": "CriticalAddonsOnly", "operator": "Exists"}]
     assert pod["containers"][0]["resources"]["requests"]["cpu"] == "2"  # merged over the default
-    assert "rendezvous" in rejection({"rendezvous": {"nodeSelector": {"a": 1}, "tolerations": [], "resources": {}}})
+    assert "rendezvous" in rejection(
+        {"rendezvous": {"nodeSelector": {"a": 1}, "tolerations": [], "resources": {}}}
+    )
     assert "rendezvous" in rejection({"rendezvous": {"replicas": 2}})

@@ -167,10 +167,27 @@ def test_the_rendezvous_service_listens_before_any_pod_starts_and_is_replaced(tm
         f"up = s.connect_ex(('127.0.0.1', {port})) == 0\n"
         "open(sys.argv[1], 'w').write(json.dumps([up, sys.argv[2:]]))\ntime.sleep(600)\n"
     )
-    launcher_options = ["--nnodes=2:2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lj"]
+    launcher_options = [
+        "--nnodes=2:2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=lj",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     specs = [
-        PodSpec(f"pod-{i}", [sys.executable, "-c", probe, str(tmp_path / f"t{i}"), *launcher_options, "--rdzv-conf=join_timeout=9"], env, tmp_path / f"{i}.log")
+        PodSpec(
+            f"pod-{i}",
+            [
+                sys.executable,
+                "-c",
+                probe,
+                str(tmp_path / f"t{i}"),
+                *launcher_options,
+                "--rdzv-conf=join_timeout=9",
+            ],
+            env,
+            tmp_path / f"{i}.log",
+        )
         for i in range(2)
     ]
     with LocalJob(specs, host_port=port, rendezvous_restart_delay_s=0.1) as job:

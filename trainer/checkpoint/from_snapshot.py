@@ -145,7 +145,8 @@ class FromSnapshot:
             flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
             dist.all_reduce(flag, group=pg)
             if problem is not None:
-                raise CheckpointWriteError(f"snapshot of step {write.step} not reusable: {problem}") from problem
+                message = f"snapshot of step {write.step} not reusable: {problem}"
+                raise CheckpointWriteError(message) from problem
             if int(flag.item()) > 0:
                 raise CheckpointWriteError(f"another rank could not reuse its snapshot of step {write.step}")
             if write.cancel.is_set():
@@ -212,7 +213,9 @@ class FromSnapshot:
             if write.thread is not None:
                 write.thread.join(self.ABORT_JOIN_S)
                 if write.thread.is_alive():
-                    log.warning("checkpoint-from-snapshot thread of step %d still running after abort", write.step)
+                    log.warning(
+                        "checkpoint-from-snapshot thread of step %d still running after abort", write.step
+                    )
         self.inner.abort()
 
     def close(self, timeout_s: float) -> None:

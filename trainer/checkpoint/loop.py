@@ -103,7 +103,9 @@ class CheckpointLoop:
         result = self._guard(lambda: self.manager.save(step, state, snapshot))
         if result is not None:
             blocked = result.blocked_s + waited
-            self.events.emit("ckpt_save", step=step, blocked_s=blocked, mode=self.cfg.mode, bytes=result.bytes)
+            self.events.emit(
+                "ckpt_save", step=step, blocked_s=blocked, mode=self.cfg.mode, bytes=result.bytes
+            )
 
     def _guard(self, fn: Any) -> Any:
         """Run a manager call; a failed save becomes a `ckpt_failed` event instead of an exception."""

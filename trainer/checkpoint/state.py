@@ -42,11 +42,17 @@ def build_save_dict(state: dict[str, Any], rank: int) -> dict[str, Any]:
         out[MODEL], out[OPTIM] = get_state_dict(model, optim)
     else:
         out[MODEL], _ = get_state_dict(model, [])
-    for name, obj in state.items():
-        if name in (MODEL, OPTIM) or obj is None:
-            continue
-        out[per_rank_key(name, rank)] = entry_blob.encode(obj.state_dict())
+    out.update(per_rank_entries(state, rank))
     return out
+
+
+def per_rank_entries(state: dict[str, Any], rank: int) -> dict[str, bytes]:
+    """The save dict's per-rank entries ("<name>@rank<R>": the encoded state of each non-model entry)."""
+    return {
+        per_rank_key(name, rank): entry_blob.encode(obj.state_dict())
+        for name, obj in state.items()
+        if name not in (MODEL, OPTIM) and obj is not None
+    }
 
 
 def create_optimizer_state(optim: torch.optim.Optimizer) -> None:

@@ -30,13 +30,13 @@ def main(argv: list[str]) -> int:
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
 
     from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
-    from trainer.launcher.supervise import EPOCH_FILE_ENV, write_epoch_when_reachable
     from trainer.launcher.patches import (
         beat_after_rendezvous,
         skip_idle_group_grace,
         sticky_group_ranks,
         sync_before_round_wait,
     )
+    from trainer.launcher.supervise import EPOCH_FILE_ENV, write_epoch_when_reachable
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
 
     skip_idle_group_grace(launcher)

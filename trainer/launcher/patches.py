@@ -151,7 +151,9 @@ def sticky_group_ranks(barrier_module: Any) -> bool:
     return True
 
 
-def keep_previous_ranks(assigned: dict[Any, int], previous: dict[Any, int], world_size: int) -> dict[Any, int]:
+def keep_previous_ranks(
+    assigned: dict[Any, int], previous: dict[Any, int], world_size: int
+) -> dict[Any, int]:
     """`assigned` (node -> group rank, NVRx's: ranks < world_size active, the rest standby) changed so
     that every active node that held an active rank in `previous` holds it again; the free active ranks
     go, in ascending order, to the other active nodes in the order NVRx ranked them. Standby ranks are

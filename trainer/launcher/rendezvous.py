@@ -67,8 +67,10 @@ def main(argv: list[str]) -> int:
     if not stores or not signalled or signalled[0]:
         return 0 if stores else 1
     stop = threading.Event()
-    print(f"trainer.launcher.rendezvous: rendezvous {args.rdzv_id} shut down; serving its store until SIGTERM",
-          flush=True)
+    print(
+        f"trainer.launcher.rendezvous: rendezvous {args.rdzv_id} shut down; serving its store until SIGTERM",
+        flush=True,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()

@@ -47,7 +47,8 @@ from datetime import timedelta
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
 EPOCH_FILE_ENV = "TRAINER_RENDEZVOUS_EPOCH_FILE"
-"""Where ft_launcher's process writes the epoch of the rendezvous service it reached (trainer/launcher/ft.py)."""
+"""Where ft_launcher's process writes the epoch of the rendezvous service it reached
+(trainer/launcher/ft.py)."""
 REJOIN_WAIT_S = 120.0
 """How long a launcher that lost its store waits for a rendezvous service to answer again."""
 POLL_S = 0.25
@@ -264,7 +265,9 @@ def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, kee
 def main(argv: list[str]) -> int:
     """`--wait-epoch ENDPOINT EPOCH WAIT_S`: print another service's epoch (exit 0) or exit 1."""
     if len(argv) != 4 or argv[0] != "--wait-epoch":
-        print("usage: python -m trainer.launcher.supervise --wait-epoch ENDPOINT EPOCH WAIT_S", file=sys.stderr)
+        print(
+            "usage: python -m trainer.launcher.supervise --wait-epoch ENDPOINT EPOCH WAIT_S", file=sys.stderr
+        )
         return 2
     new = wait_for_other_epoch(argv[1], argv[2], float(argv[3]))
     if new is None:

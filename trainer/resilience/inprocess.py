@@ -205,9 +205,13 @@ class LauncherWrapperStore(_WrapperBarriers, torch.distributed.PrefixStore, Stor
     round's workers count their in-process iterations from 0 again. NVRx then treats no rank as critical
     (`critical_ranks` is empty), so no rank waits at exit for the others to leave the store."""
 
-    def __init__(self, endpoint: str, namespace: str, timeout: timedelta, liveness_timeout: float | None = None) -> None:
+    def __init__(
+        self, endpoint: str, namespace: str, timeout: timedelta, liveness_timeout: float | None = None
+    ) -> None:
         host, port = parse_endpoint(endpoint)
-        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        client = torch.distributed.TCPStore(
+            host, port, is_master=False, timeout=timeout, wait_for_workers=False
+        )
         torch.distributed.PrefixStore.__init__(self, namespace, client)
         self.liveness_timeout = liveness_timeout
         self.round_watch = None

@@ -37,14 +37,24 @@ def local_tensor(value: torch.Tensor) -> torch.Tensor:
     return value.to_local() if isinstance(value, DTensor) else value
 
 
-def flatten(state: Any) -> tuple[Any, list[torch.Tensor]]:
-    """(skeleton, tensors): tensors replaced by {"x": index} in a JSON-encodable skeleton."""
+def flatten(state: Any, values: list[torch.Tensor] | None = None) -> tuple[Any, list[torch.Tensor]]:
+    """(skeleton, tensors): tensors replaced by {"x": index} in a JSON-encodable skeleton; `values`, when
+    given, receives the tensor values themselves (DTensors as they are), in the same order."""
     tensors: list[torch.Tensor] = []
 
+    def on_tensor(v: torch.Tensor) -> int:
+        tensors.append(local_tensor(v))
+        if values is not None:
+            values.append(v)
+        return len(tensors) - 1
+
+    return _encode(state, on_tensor), tensors
+
+
+def _encode(state: Any, on_tensor: Any) -> Any:
     def enc(v: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            tensors.append(local_tensor(v))
-            return {"x": len(tensors) - 1}
+            return {"x": on_tensor(v)}
         if isinstance(v, dict):
             return {"d": [[enc(k), enc(x)] for k, x in v.items()]}
         if isinstance(v, tuple):
@@ -57,7 +67,7 @@ def flatten(state: Any) -> tuple[Any, list[torch.Tensor]]:
             return v
         raise TypeError(f"snapshot cannot hold a {type(v).__name__} ({v!r:.80})")
 
-    return enc(state), tensors
+    return enc(state)
 
 
 def plan(tensors: list[torch.Tensor]) -> tuple[list[TensorSlot], int]:
@@ -68,6 +78,92 @@ def plan(tensors: list[torch.Tensor]) -> tuple[list[TensorSlot], int]:
         slots.append(TensorSlot(str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
         offset += -(-nbytes // ALIGN) * ALIGN
     return slots, offset
+
+
+class Stale(ValueError):
+    """A save dict no longer matches the Plan it is encoded with (Snapshots then builds a new one)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The tensors of one save dict and where each goes in a payload: what stays the same from snapshot
+    to snapshot while the live objects keep their tensors (Snapshots keeps one per attempt)."""
+
+    values: list[torch.Tensor]
+    """The save dict's tensor values in flatten order (DTensors as they are), checked by identity."""
+    tensors: list[torch.Tensor]
+    """Their local tensors (what is copied)."""
+    slots: list[TensorSlot]
+    tensor_bytes: int
+    sources: list[torch.Tensor]
+    """The detached local tensors of the non-empty slots, in order: one copy call takes them all."""
+    tensors_json: str
+    """The slots as the payload's skeleton lists them (json.dumps of their fields)."""
+
+    @classmethod
+    def of(cls, values: list[torch.Tensor], tensors: list[torch.Tensor]) -> Plan:
+        slots, tensor_bytes = plan(tensors)
+        sources = [t.detach() for t, s in zip(tensors, slots, strict=True) if s.nbytes]
+        return cls(values, tensors, slots, tensor_bytes, sources, json.dumps([s.__dict__ for s in slots]))
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A save dict as a snapshot writes it: its JSON skeleton (this snapshot's values) and its Plan."""
+
+    skeleton: Any
+    plan: Plan
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return self.plan.tensors
+
+    @property
+    def slots(self) -> list[TensorSlot]:
+        return self.plan.slots
+
+    @property
+    def sources(self) -> list[torch.Tensor]:
+        return self.plan.sources
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.plan.tensor_bytes
+
+    def payload_skeleton(self) -> bytes:
+        """The payload's JSON after the tensors, byte for byte what
+        json.dumps({"skeleton": ..., "tensors": ...}) writes."""
+        return (
+            '{"skeleton": ' + json.dumps(self.skeleton) + ', "tensors": ' + self.plan.tensors_json + "}"
+        ).encode()
+
+    def layout(self) -> str:
+        return layout_id(self.skeleton, self.plan.slots)
+
+
+def flat(state: Any) -> Flat:
+    """`state` flattened and planned from scratch."""
+    values: list[torch.Tensor] = []
+    skeleton, tensors = flatten(state, values)
+    return Flat(skeleton, Plan.of(values, tensors))
+
+
+def skeleton_with(state: Any, p: Plan) -> Any:
+    """The skeleton of `state` whose tensors are `p`'s, the same objects in the same order (only the
+    non-tensor values differ from the state `p` was made of); raises Stale otherwise."""
+    count = 0
+
+    def on_tensor(v: torch.Tensor) -> int:
+        nonlocal count
+        if count >= len(p.values) or p.values[count] is not v:
+            raise Stale(f"tensor {count} of the save dict is not the plan's")
+        count += 1
+        return count - 1
+
+    skeleton = _encode(state, on_tensor)
+    if count != len(p.values):
+        raise Stale(f"the save dict has {count} tensors, the plan {len(p.values)}")
+    return skeleton
 
 
 def layout_id(skeleton: Any, slots: list[TensorSlot]) -> str:

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer import spans
-from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot.budget import adamw_estimate, check_fits, replica_limit
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
+from trainer.snapshot.plan import SavePlan
 from trainer.snapshot.replica import PeerReplicas
 from trainer.snapshot.replica_net import local_address
 from trainer.snapshot.restore import Restored, restore
@@ -48,6 +48,8 @@ class Snapshots:
         self.peers = self._peers(world_size) if self.store is not None and cfg.replication else None
         self._checked_bytes = 0
         self.restored: Restored | None = None
+        self.plan = SavePlan(rank)
+        """The save dict each snapshot copies, kept within an attempt (trainer/snapshot/plan.py)."""
 
     @classmethod
     def for_run(cls, cfg: TrainConfig, *, rank: int, world_size: int) -> Snapshots:
@@ -83,6 +85,7 @@ class Snapshots:
 
     def restore(self, ckpt: Any, state: dict[str, Any], device: torch.device, events: Any) -> int:
         """Check the memory budget, then restore (snapshot, peer replica or durable checkpoint); the step."""
+        self.plan.reset()  # a new attempt: nothing of the last one's objects is reused (or kept alive)
         self.check_budget(state["model"])
         if self.peers is not None:
             self.peers.events = events
@@ -99,13 +102,13 @@ class Snapshots:
     def after_step(self, step: int, state: dict[str, Any]) -> WriteResult | None:
         """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so.
 
-        blocked_s counts everything the loop waits for here: building the save dict, the wait for the
-        previous commit and the peers, the copy. The result's `reusable` offers the snapshot to a durable
-        save of the same step (the loop passes it on; nothing here keeps it)."""
+        blocked_s counts everything the loop waits for here: building (or refreshing) the save dict, the
+        wait for the previous commit and the peers, the copy. The result's `reusable` offers the snapshot
+        to a durable save of the same step (the loop passes it on; nothing here keeps it)."""
         if self.store is None or not self.cfg.due(step):
             return None
         t_build = time.perf_counter()
-        save_dict = build_save_dict(state, self.rank)
+        save_dict, flat = self.plan.build(state)
         built = time.perf_counter() - t_build  # the loop waits for it too: part of what it is blocked
         waited = 0.0
         if self.peers is not None:
@@ -113,10 +116,13 @@ class Snapshots:
             self.store.wait()  # the previous commit, so that the peers know which slot is newest
             self.peers.before_write()  # normally 0: the slot to overwrite is not being sent
             waited = time.perf_counter() - t0
-        result = self.store.write(step, save_dict)
+        result = self.store.write(step, save_dict, flat=flat)
         reusable = Reusable(self.store, self.store.last_slot, step, self.store.pending_commit, save_dict)
         result = dataclasses.replace(
-            result, blocked_s=result.blocked_s + waited + built, wait_s=result.wait_s + waited, reusable=reusable
+            result,
+            blocked_s=result.blocked_s + waited + built,
+            wait_s=result.wait_s + waited,
+            reusable=reusable,
         )
         if result.bytes > self._checked_bytes:  # the exact size, once known (and if it ever grows)
             check_fits(
@@ -129,6 +135,7 @@ class Snapshots:
 
     def finish(self) -> None:
         """The run completed: free the pod's memory (a later run must not resume a finished one)."""
+        self.plan.reset()
         if self.peers is not None:
             self.peers.quiesce()
             self.peers.close(remove=True)
@@ -139,6 +146,7 @@ class Snapshots:
     def close(self) -> None:
         """Stop replicating and unmap, leaving every snapshot and replica in place (as a process that
         ends without completing does)."""
+        self.plan.reset()
         if self.peers is not None:
             self.peers.close()
             self.peers = None

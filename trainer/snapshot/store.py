@@ -18,7 +18,8 @@ What blocks the training loop is only the copy (plus, if the previous snapshot's
 being computed, the wait for it). A durable checkpoint of the same step may reuse the slot instead of
 copying the live state again (trainer/checkpoint/from_snapshot.py): it *holds* the slot (`Reusable.hold`),
 and a later write that would overwrite a held slot waits for its release (normally long past: the
-reader copies the slot out during the next step). On a GPU the copy is a device-to-host memcpy into these pages;
+reader copies the slot out during the next step). On a GPU the copy is a device-to-host memcpy into these
+pages;
 registering them as pinned memory lets it run asynchronously (see `pin`).
 """
 
@@ -28,6 +29,7 @@ import json
 import logging
 import mmap
 import os
+import queue
 import struct
 import threading
 import time
@@ -109,7 +111,7 @@ class Reusable:
     store: SnapshotStore
     slot: int
     step: int
-    commit: threading.Thread | None
+    commit: _Ticket | None
     save_dict: dict[str, Any]
 
     def hold(self) -> Hold:
@@ -125,7 +127,7 @@ class Hold:
     store: SnapshotStore
     slot: int
     step: int
-    commit: threading.Thread | None
+    commit: _Ticket | None
     released: bool = False
 
     def release(self) -> None:
@@ -143,7 +145,11 @@ class SnapshotStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._maps: dict[int, _Mapping] = {}
         self._written_here: dict[int, int] = {}  # slot -> step this process committed there
-        self._pending: threading.Thread | None = None
+        self._pending: _Ticket | None = None
+        self._commit_thread: _Committer | None = None
+        """One long-lived commit thread: starting a thread per snapshot made the loop wait for the new
+        thread to be scheduled (Thread.start), several ms a snapshot on a busy host."""
+        self._view_cache: dict[int, tuple[_Mapping, list[codec.TensorSlot], list[torch.Tensor]]] = {}
         self.last_slot = -1
         """The slot the last write went to (its commit may still be running)."""
         self._pending_error: BaseException | None = None
@@ -158,50 +164,84 @@ class SnapshotStore:
 
     # ------------------------------------------------------------------------------------------ write
     def write(
-        self, step: int, save_dict: dict[str, Any], *, crash_after_bytes: int | None = None
+        self,
+        step: int,
+        save_dict: dict[str, Any],
+        *,
+        flat: codec.Flat | None = None,
+        crash_after_bytes: int | None = None,
     ) -> WriteResult:
         """Copy `save_dict` (a checkpoint save dict) into the free slot; commit it in the background.
 
-        `crash_after_bytes` is for tests: raise after copying that many tensor bytes (a fault mid-copy).
+        `flat`: `save_dict` already flattened and planned (Snapshots keeps one per attempt, codec.Flat);
+        computed here when None. `crash_after_bytes` is for tests: raise after copying that many tensor
+        bytes (a fault mid-copy).
         """
         t0 = time.perf_counter()
         self.wait()
         t_wait = time.perf_counter()
-        skeleton, tensors = codec.flatten(save_dict)
-        slots, tensor_bytes = codec.plan(tensors)
-        skel = json.dumps({"skeleton": skeleton, "tensors": [s.__dict__ for s in slots]}).encode()
-        layout = codec.layout_id(skeleton, slots)
+        if flat is None:
+            flat = codec.flat(save_dict)
+        tensor_bytes = flat.tensor_bytes
         slot = self._free_slot()
         t_held = time.perf_counter()
         self._wait_unheld(slot)  # a durable save still copying this slot out (normally done long ago)
         held = time.perf_counter() - t_held
+        skel = flat.payload_skeleton()
         m = self._mapping(slot, HEADER_BYTES + tensor_bytes + len(skel))
         assert m is not None  # with a size, a mapping is always made
         m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)  # invalid from here until the header is rewritten
         self._written_here.pop(slot, None)
-        copied = 0
-        for t, s in zip(tensors, slots, strict=True):
-            if crash_after_bytes is not None and copied + s.nbytes > crash_after_bytes:
-                raise RuntimeError(f"injected crash after {copied} bytes of snapshot {step}")
-            if s.nbytes:
-                dst = m.view(HEADER_BYTES + s.offset, s.nbytes, t.dtype, s.shape)
-                dst.copy_(t.detach(), non_blocking=True)
-            copied += s.nbytes
+        if crash_after_bytes is not None:
+            self._copy_until(m, flat, step, crash_after_bytes)
+        else:
+            dst, src = self._views(slot, m, flat)
+            if dst:
+                # one call for every tensor: no Python per tensor
+                torch._foreach_copy_(dst, src, non_blocking=True)
         m.buf[HEADER_BYTES + tensor_bytes : HEADER_BYTES + tensor_bytes + len(skel)] = skel
-        done = _copy_done_marker(tensors)
-        t_copy = time.perf_counter()
+        done = _copy_done_marker(flat.tensors)
         header = dict(
             step=step, fingerprint=self.fingerprint, world_size=self.world_size, rank=self.rank,
-            layout=layout, tensor_bytes=tensor_bytes, skeleton_bytes=len(skel), pid=os.getpid(),
+            layout=flat.layout(), tensor_bytes=tensor_bytes, skeleton_bytes=len(skel), pid=os.getpid(),
         )  # fmt: skip
         self._pending_error = None
-        self._pending = threading.Thread(
-            target=self._commit, args=(slot, m, header, done), name=f"snapshot-commit-{step}", daemon=True
-        )
-        self._pending.start()
+        self._pending = self._committer().submit(slot, m, header, done)
         self.last_slot = slot
         wait_s = t_wait - t0 + held
-        return WriteResult(t_copy - t0, wait_s, t_copy - t0 - wait_s, tensor_bytes + len(skel))
+        blocked = time.perf_counter() - t0  # the hand-off to the commit thread is the loop's wait too
+        return WriteResult(blocked, wait_s, blocked - wait_s, tensor_bytes + len(skel))
+
+    def _views(
+        self, slot: int, m: _Mapping, flat: codec.Flat
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(destination views in the slot, sources) of every non-empty tensor; kept per slot while the
+        mapping and the plan are the same objects (a remap or a new plan rebuilds them)."""
+        cached = self._view_cache.get(slot)
+        if cached is not None and cached[0] is m and cached[1] is flat.slots:
+            return cached[2], flat.sources
+        dst = [
+            m.view(HEADER_BYTES + s.offset, s.nbytes, t.dtype, s.shape)
+            for t, s in zip(flat.tensors, flat.slots, strict=True)
+            if s.nbytes
+        ]
+        self._view_cache[slot] = (m, flat.slots, dst)
+        return dst, flat.sources
+
+    def _copy_until(self, m: _Mapping, flat: codec.Flat, step: int, crash_after_bytes: int) -> None:
+        """Tests only: the per-tensor copy, raising before the tensor that crosses `crash_after_bytes`."""
+        copied = 0
+        for t, s in zip(flat.tensors, flat.slots, strict=True):
+            if copied + s.nbytes > crash_after_bytes:
+                raise RuntimeError(f"injected crash after {copied} bytes of snapshot {step}")
+            if s.nbytes:
+                m.view(HEADER_BYTES + s.offset, s.nbytes, t.dtype, s.shape).copy_(t.detach())
+            copied += s.nbytes
+
+    def _committer(self) -> _Committer:
+        if self._commit_thread is None or not self._commit_thread.alive:
+            self._commit_thread = _Committer(self._commit, name=f"snapshot-commit-rank{self.rank}")
+        return self._commit_thread
 
     # ------------------------------------------------------------------------------------------ holds
     HOLD_WAIT_S = 60.0
@@ -209,11 +249,11 @@ class SnapshotStore:
     one is a bug, reported as an error rather than a silent hang)."""
 
     @property
-    def pending_commit(self) -> threading.Thread | None:
+    def pending_commit(self) -> _Ticket | None:
         """The commit thread of the last write (None once waited for)."""
         return self._pending
 
-    def hold(self, slot: int, step: int, commit: threading.Thread | None) -> Hold:
+    def hold(self, slot: int, step: int, commit: _Ticket | None) -> Hold:
         with self._held_cv:
             self._held[slot] = self._held.get(slot, 0) + 1
         return Hold(self, slot, step, commit)
@@ -400,12 +440,16 @@ class SnapshotStore:
 
     def close(self) -> None:
         self.wait()
+        if self._commit_thread is not None:
+            self._commit_thread.stop()
+            self._commit_thread = None
         try:
             for slot in (0, 1):
                 self._wait_unheld(slot, timeout_s=5.0)  # a reader copying out (its save is being aborted)
         except RuntimeError as exc:
             log.warning("closing snapshots under a reader: %s", exc)
         maps, self._maps = list(self._maps.values()), {}
+        self._view_cache.clear()  # views keep a mapping's buffer exported (it could not be closed)
         for m in maps:
             m.close()
 
@@ -414,6 +458,7 @@ class SnapshotStore:
         m = self._maps.get(slot)
         if m is not None and m.closed:  # an asynchronous exception (the Wrapper's) cut a resize short
             del self._maps[slot]
+            self._view_cache.pop(slot, None)
             m = None
         if size is None:
             if m is None and self.path(slot).exists() and self.path(slot).stat().st_size > 0:
@@ -422,6 +467,7 @@ class SnapshotStore:
         if m is None or m.size != size:
             if m is not None:
                 del self._maps[slot]  # never leave a closed mapping reachable
+                self._view_cache.pop(slot, None)
                 m.close()
             m = self._maps[slot] = _Mapping(self.path(slot), size)
             m.pin(self._pinned)
@@ -519,3 +565,48 @@ def _copy_done_marker(tensors: list[torch.Tensor]) -> Any:
         event.record()
         return event
     return None
+
+
+class _Ticket:
+    """One submitted commit: `join` waits for it (what Thread.join was to a thread per commit)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._done.wait(timeout)
+
+    def is_alive(self) -> bool:
+        return not self._done.is_set()
+
+
+class _Committer:
+    """The store's commit thread: runs each submitted commit in order; a daemon, so a worker that ends
+    without closing its store is not kept alive by it."""
+
+    def __init__(self, commit: Callable[..., None], *, name: str) -> None:
+        self._commit = commit
+        self._queue: queue.SimpleQueue[tuple[_Ticket, tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, *args: Any) -> _Ticket:
+        ticket = _Ticket()
+        self._queue.put((ticket, args))
+        return ticket
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            ticket, args = item
+            try:
+                self._commit(*args)  # catches everything itself (reported by the next wait())
+            finally:
+                ticket._done.set()

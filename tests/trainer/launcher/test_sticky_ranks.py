@@ -21,8 +21,16 @@ def test_standby_ranks_and_a_first_round_are_nvrx_own() -> None:
     nvrx = {"a": 0, "b": 1, "s": 2, "t": 3}
     assert keep_previous_ranks(nvrx, {}, 2) == nvrx
     # A previous standby (rank >= world) has no rank to keep; standby ranks stay as NVRx gave them.
-    assert keep_previous_ranks({"s": 0, "b": 1, "a": 2}, {"a": 0, "b": 1, "s": 2}, 2) == {"s": 0, "b": 1, "a": 2}
-    assert keep_previous_ranks({"b": 0, "s": 1, "c": 2}, {"a": 0, "b": 1, "c": 2}, 2) == {"b": 1, "s": 0, "c": 2}
+    assert keep_previous_ranks({"s": 0, "b": 1, "a": 2}, {"a": 0, "b": 1, "s": 2}, 2) == {
+        "s": 0,
+        "b": 1,
+        "a": 2,
+    }
+    assert keep_previous_ranks({"b": 0, "s": 1, "c": 2}, {"a": 0, "b": 1, "c": 2}, 2) == {
+        "b": 1,
+        "s": 0,
+        "c": 2,
+    }
 
 
 @pytest.fixture

@@ -21,9 +21,10 @@ def _child(tmp_path: Path, *codes: int, epoch: str | None = "e1") -> list[str]:
     """A stand-in for ft_launcher: the n-th start writes `epoch` (if any) where ft.py would, then exits
     with codes[n]; it counts its starts in tmp_path/starts."""
     write = f"open(os.environ[{EPOCH_FILE_ENV!r}], 'w').write({epoch!r})" if epoch else "pass"
+    starts = str(tmp_path / "starts")
     code = (
-        "import os, pathlib; p = pathlib.Path(%r); n = len(p.read_text()) if p.exists() else 0; "
-        "p.write_text('x' * (n + 1)); %s; raise SystemExit(%r[n])" % (str(tmp_path / "starts"), write, list(codes))
+        f"import os, pathlib; p = pathlib.Path({starts!r}); n = len(p.read_text()) if p.exists() else 0; "
+        f"p.write_text('x' * (n + 1)); {write}; raise SystemExit({list(codes)!r}[n])"
     )
     return [sys.executable, "-c", code]
 

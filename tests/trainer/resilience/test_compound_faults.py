@@ -183,9 +183,7 @@ def _compound(tmp_path: Path, name: str) -> dict[str, Any]:
     # The rendezvous service alone closes the rounds, as on a cluster (LocalJob tells every launcher it is
     # a client with is_host=0; without it every local launcher closed rounds and two pods got one rank).
     closers = {
-        p.name
-        for p in (tmp_path / "run" / "logs").glob("*.log")
-        if "[Step 2] Constraint ok" in p.read_text()
+        p.name for p in (tmp_path / "run" / "logs").glob("*.log") if "[Step 2] Constraint ok" in p.read_text()
     }
     assert closers == {"rendezvous.log"}, closers
     single, compound = rec["single_mttr_s"], rec["mttr_s"]
