@@ -114,7 +114,7 @@ SCENARIOS: dict[str, PodsScenario] = {
             ("node-loss:step=4:node=0",),
             "kill-rendezvous-then-launcher",
             snapshots=True,
-            steps=16,
+            steps=20,
         ),
         PodsScenario(
             "compound/rank-during-restart",
@@ -273,6 +273,14 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _is_worker(cmdline: str) -> bool:
+    """`python -u -m trainer ...` (a cold worker or a forked one's stand-in), not a launcher process, whose
+    command line also holds `-m trainer ...` after ft_launcher's own options, nor a rank monitor."""
+    return (
+        " -m trainer " in f"{cmdline} " and "ft_launcher" not in cmdline and "trainer.launcher" not in cmdline
+    )
+
+
 def _launchers(main_pid: int, procs: set[int]) -> set[int]:
     """The pod's launcher processes: its main process and, under the supervisor
     (trainer/launcher/supervise.py), ft_launcher's process, its child."""
@@ -297,7 +305,7 @@ class Driver:
             procs = pod.processes()
             launchers = _launchers(pod.pid, procs)
             # not the prefork zygote (`-m trainer.launcher.prefork.server`), also the launcher's child
-            found |= {p for p in procs if _ppid(p) in launchers and " -m trainer " in f"{_cmdline(p)} "}
+            found |= {p for p in procs - launchers if _ppid(p) in launchers and _is_worker(_cmdline(p))}
         return found
 
     def _a_training_launcher(self) -> tuple[int, int] | None:
@@ -338,10 +346,11 @@ class Driver:
             fault_step = max(int(e["step"]) for e in injected)
             last_step = max((int(e["step"]) for e in events if e["ev"] == "step"), default=-1)
             if "rendezvous" not in self._did and last_step >= fault_step + 3:
-                self._did["rendezvous"] = {"t": time.time(), "pids": sorted(self.job.kill_rendezvous())}
+                pids = sorted(self.job.kill_rendezvous())
+                self._did["rendezvous"] = {"t": time.time(), "step": last_step, "pids": pids}
             if self.sc.action == "kill-rendezvous" and "rendezvous" in self._did:
                 self.done = {"action": self.sc.action, **self._did["rendezvous"]}
-            elif "rendezvous" in self._did and last_step >= fault_step + 6:
+            elif "rendezvous" in self._did and last_step >= self._did["rendezvous"]["step"] + 3:
                 launcher = self._a_training_launcher()
                 if launcher is not None:
                     index, pid = launcher

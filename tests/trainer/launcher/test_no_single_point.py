@@ -8,7 +8,8 @@ fault-free run of the same values:
   restores from its own /dev/shm, the spare from the survivor's replica; at most one step recomputed;
   no pod but the lost one exits (the Job's failure budget is not charged for a peer);
 * the service's loss (SIGKILL, replaced by LocalJob as its Deployment would be): each pod's supervisor
-  starts ft_launcher again on the same pod; the ranks restore from /dev/shm; no pod exits;
+  starts ft_launcher again on the same pod; the ranks restore from memory (their own /dev/shm or, ranked
+  afresh by the new service, a peer's replica); no pod exits;
 * one pod's ft_launcher SIGKILLed: that pod's main process ends its leftovers (workers, rank monitors)
   and starts ft_launcher again; one restart round, no pod exits.
 """
@@ -43,7 +44,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("no-spof")
     data = recovery_pods.make_data(work / "tokens.npy", CFG)
     faulted = recovery_pods.SCENARIOS["compound/host-rendezvous-launcher"]
-    clean = PodsScenario("clean", faulted.nodes, faulted.spares, faulted.nproc, (), snapshots=True)
+    clean = PodsScenario(
+        "clean", faulted.nodes, faulted.spares, faulted.nproc, (), snapshots=True, steps=faulted.steps
+    )
     return {
         "faulted": (recovery_pods.run_once(faulted, CFG, work / "faulted", data), work / "faulted"),
         "clean": (recovery_pods.run_once(clean, CFG, work / "clean", data), work / "clean"),
@@ -86,7 +89,10 @@ def test_losing_the_rendezvous_service_costs_one_restart_round_and_no_pod(runs: 
     killed_at = float(rec["action"]["rendezvous"]["t"])
     launcher_at = float(rec["action"]["launcher"]["t"])
     after = [e for e in events if e["ev"] == "restore" and killed_at < float(e["t"]) < launcher_at]
-    assert after and {e["source"] for e in after} == {"shm"}, after
+    # From memory, never a durable checkpoint. A new service remembers no group ranks, so the nodes may
+    # be ranked afresh (by pod index) and restore each other's state from the replicas they keep.
+    assert after and {e["source"] for e in after} <= {"shm", "peer"}, after
+    assert len({e["rank"] for e in after}) == 2
     assert rec["unplanned_pod_restarts"] == 0
 
 
