@@ -11,7 +11,10 @@ names its upstream report and the canary test that fails once NVRx no longer nee
   canary tests/trainer/launcher/test_patches.py::test_nvrx_barrier_rendezvous_still_has_no_liveness.
 * `sticky_group_ranks` (ft_rendezvous_barrier._RendezvousBarrierState._assign_group_ranks, on the store
   host: the rendezvous service, trainer/launcher/rendezvous.py): docs/nvrx-group-rank-shift.md; canary
-  tests/trainer/launcher/test_patches.py::test_nvrx_assignment_as_shipped_moves_survivors_down.
+  tests/trainer/launcher/test_sticky_ranks.py::test_nvrx_assignment_as_shipped_moves_survivors_down.
+* `quick_host_polls` (the barrier module's `time.sleep` and `_compute_step2_poll_interval`, in the
+  rendezvous service only): docs/nvrx-restart-sleeps.md; canary
+  tests/trainer/launcher/test_rendezvous_polls.py::test_nvrx_host_polls_as_shipped_wait_a_second.
 """
 
 from __future__ import annotations
@@ -167,3 +170,44 @@ def keep_previous_ranks(
     for node in active:
         result[node] = kept[node] if node in kept else next(free)
     return result
+
+
+# ------------------------------------------------------------------ barrier rendezvous: the host's polls
+# NVRx 0.7's store host looks for a newly opened round once a second (Step 0: `time.sleep(1.0)` between
+# checks) and checks a gathering round's participants at most once a second (Step 2:
+# `_compute_step2_poll_interval`, 1 s up to min_nodes/2000 s). A launcher that hosts the store never
+# waits for the first (it opens the round itself); the rendezvous service, which only watches, lost up to
+# a second there and up to another in Step 2 after every failure (docs/nvrx-restart-sleeps.md).
+
+HOST_POLL_S = 0.05
+"""The rendezvous service's poll while it waits for a round to open or fill (one key, or the round's
+slots, per poll)."""
+
+
+def quick_host_polls(barrier_module: Any, poll_s: float = HOST_POLL_S) -> bool:
+    """For a process that only hosts the rendezvous (trainer/launcher/rendezvous.py): NVRx's barrier module
+    sleeps at most `poll_s` at a time, and Step 2 checks a round of N nodes every max(poll_s, N/2000) s,
+    NVRx's own scaling without its 1 s floor (at 2,000 nodes it is NVRx's 1 s again). Returns whether the
+    installed NVRx has what it replaces (False: nothing patched)."""
+    state: Any = getattr(barrier_module, "_RendezvousBarrierState", None)
+    real_time = getattr(barrier_module, "time", None)
+    if state is None or real_time is None or not hasattr(state, "_compute_step2_poll_interval"):
+        return False
+    if getattr(real_time, "_quick", False):
+        return True
+    import time as _time
+    import types
+
+    def sleep(seconds: float) -> None:
+        _time.sleep(min(float(seconds), poll_s))
+
+    quick = types.SimpleNamespace(**{n: getattr(_time, n) for n in dir(_time) if not n.startswith("_")})
+    quick.sleep = sleep
+    quick._quick = True
+    barrier_module.time = quick
+
+    def step2_poll_interval(min_nodes: int, segment_check_interval: float) -> float:
+        return max(poll_s, min(float(segment_check_interval), min_nodes / 2000.0))
+
+    state._compute_step2_poll_interval = staticmethod(step2_poll_interval)
+    return True
