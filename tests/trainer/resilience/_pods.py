@@ -90,7 +90,10 @@ def job(
     for i in range(nnodes):  # each pod on a node of its own: its own NVMe and /dev/shm folders
         places = node_places(LocalPlaces(port, data, out), i)
         argv = [*pod_argv(chart_values, places), *extra]
-        specs.append(node_pod_spec(f"pod-{i}", argv, env, tmp_path / f"pod-{i}.log", places))
+        # GROUP_RANK: the infrastructure rank NVRx orders a round's nodes by, so pod i starts as node i
+        # (the rendezvous service ranks the launchers; none of them is pod 0 by hosting the store).
+        pod_env = {**env, "GROUP_RANK": str(i)}
+        specs.append(node_pod_spec(f"pod-{i}", argv, pod_env, tmp_path / f"pod-{i}.log", places))
     return LocalJob(specs, host_port=port, **kw)
 
 
