@@ -186,3 +186,40 @@ def test_a_snapshot_held_by_a_save_is_not_overwritten_until_released(tmp_path: P
         assert third is not None and third.wait_s >= 0.4 and third.reusable.slot == first.reusable.slot
     finally:
         snaps.close()
+
+
+class _Interrupted(Exception):
+    """What the in-process Wrapper raises in the loop thread (RankShouldRestart), here a stand-in."""
+
+
+def test_a_snapshot_waiting_for_a_held_slot_is_interrupted_by_an_asynchronous_exception(
+    tmp_path: Path, one_rank: Any
+) -> None:
+    """A rank whose snapshot waits for a slot that a stuck save still holds (its reader in a collective
+    with a faulted rank) leaves as soon as the Wrapper interrupts it, not when the hold ends: the
+    Wrapper's exception arrives asynchronously, and Python delivers it only between two waits."""
+    import ctypes
+
+    state, snaps = make_state(one_rank), _snapshots(tmp_path)
+    try:
+        train_step(state, 0)
+        first = snaps.after_step(0, state)
+        assert first is not None and first.reusable is not None
+        hold = first.reusable.hold()  # never released before the interruption
+        train_step(state, 1)
+        snaps.after_step(1, state)
+        train_step(state, 2)
+        loop = threading.get_ident()
+
+        def interrupt() -> None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(loop), ctypes.py_object(_Interrupted))
+
+        threading.Timer(0.3, interrupt).start()
+        started = time.monotonic()
+        with pytest.raises(_Interrupted):
+            snaps.after_step(2, state)  # waits for the held slot
+            time.sleep(5)  # not reached when the wait is interruptible
+        assert time.monotonic() - started < 2.0
+        hold.release()
+    finally:
+        snaps.close()
