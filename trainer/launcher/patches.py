@@ -130,10 +130,11 @@ def sync_before_round_wait(barrier_module: Any) -> bool:
 
 def sticky_group_ranks(barrier_module: Any) -> bool:
     """Wrap the store host's `_RendezvousBarrierState._assign_group_ranks` so that a node active in the
-    previous round it closed keeps its group rank; the ranks left free go to the other candidates in
-    NVRx's own order, and the rest stand by as NVRx ranks them. Segment-aware rounds (`segment` set:
-    whole NVLink domains) keep NVRx's assignment. Returns whether the installed NVRx has the method
-    (False: nothing patched)."""
+    previous round it closed keeps its group rank. A node is its infrastructure rank when it has one
+    (so a launcher started again on its pod is the same node), else its launcher's descriptor. The
+    ranks left free go to the other candidates in NVRx's own order, and the rest stand by as NVRx
+    ranks them. Segment-aware rounds (`segment` set: whole NVLink domains) keep NVRx's assignment.
+    Returns whether the installed NVRx has the method (False: nothing patched)."""
     state: Any = getattr(barrier_module, "_RendezvousBarrierState", None)
     original = getattr(state, "_assign_group_ranks", None)
     if original is None:
@@ -144,9 +145,16 @@ def sticky_group_ranks(barrier_module: Any) -> bool:
     @functools.wraps(original)
     def assign_keeping_survivors(self: Any, active: Any, world_size: int, *args: Any, **kwargs: Any) -> Any:
         assigned = original(self, active, world_size, *args, **kwargs)
+        # A node is its infrastructure rank when it has one (GROUP_RANK, SLURM_PROCID: the same for a
+        # launcher started again on the same pod), else its descriptor (this launcher process).
+        identity = {p[0]: (p[1] if isinstance(p[1], int) and p[1] >= 0 else p[0]) for p in active}
+        by_identity = {identity.get(node, node): rank for node, rank in assigned.items()}
         if getattr(self, "segment", None) is None:
-            assigned = keep_previous_ranks(assigned, getattr(self, "_trainer_previous_ranks", {}), world_size)
-        self._trainer_previous_ranks = {node: rank for node, rank in assigned.items() if rank < world_size}
+            by_identity = keep_previous_ranks(
+                by_identity, getattr(self, "_trainer_previous_ranks", {}), world_size
+            )
+            assigned = {node: by_identity[identity.get(node, node)] for node in assigned}
+        self._trainer_previous_ranks = {who: rank for who, rank in by_identity.items() if rank < world_size}
         return assigned
 
     assign_keeping_survivors._sticky = True  # type: ignore[attr-defined]
@@ -155,20 +163,31 @@ def sticky_group_ranks(barrier_module: Any) -> bool:
 
 
 def keep_previous_ranks(
-    assigned: dict[Any, int], previous: dict[Any, int], world_size: int
+    assigned: dict[Any, int], previous: dict[Any, int], world_size: int, candidates: Any = None
 ) -> dict[Any, int]:
     """`assigned` (node -> group rank, NVRx's: ranks < world_size active, the rest standby) changed so
-    that every active node that held an active rank in `previous` holds it again; the free active ranks
-    go, in ascending order, to the other active nodes in the order NVRx ranked them. Standby ranks are
-    unchanged. Pure, for the tests."""
-    active = sorted((n for n, r in assigned.items() if r < world_size), key=lambda n: assigned[n])
-    kept = {n: previous[n] for n in active if previous.get(n, world_size) < world_size}
+    that every candidate node (default: every node) that held an active rank in `previous` holds it
+    again, even one NVRx put on standby (a survivor a little slower to rejoin than a spare); the free
+    active ranks go, in ascending order, to the other candidates in the order NVRx ranked them; the rest
+    stand by, in that order. Pure, for the tests."""
+    order = sorted(assigned, key=lambda n: assigned[n])
+    eligible = set(order if candidates is None else candidates)
+    kept = {n: previous[n] for n in order if n in eligible and previous.get(n, world_size) < world_size}
     if len(set(kept.values())) != len(kept):  # cannot happen with one host's memory; be NVRx then
         return assigned
-    free = iter(r for r in range(world_size) if r not in set(kept.values()))
-    result = dict(assigned)
-    for node in active:
-        result[node] = kept[node] if node in kept else next(free)
+    free = [r for r in range(world_size) if r not in set(kept.values())]
+    result: dict[Any, int] = {}
+    standby = world_size
+    for node in order:
+        if node in kept:
+            result[node] = kept[node]
+        elif node in eligible and free:
+            result[node] = free.pop(0)
+        else:
+            result[node] = standby
+            standby += 1
+    if free:  # fewer candidates than active ranks: NVRx would not have assigned; keep its answer
+        return assigned
     return result
 
 

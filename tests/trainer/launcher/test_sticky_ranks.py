@@ -20,17 +20,20 @@ def test_a_survivor_above_a_lost_node_keeps_its_rank_and_the_spare_fills_the_hol
 def test_standby_ranks_and_a_first_round_are_nvrx_own() -> None:
     nvrx = {"a": 0, "b": 1, "s": 2, "t": 3}
     assert keep_previous_ranks(nvrx, {}, 2) == nvrx
-    # A previous standby (rank >= world) has no rank to keep; standby ranks stay as NVRx gave them.
-    assert keep_previous_ranks({"s": 0, "b": 1, "a": 2}, {"a": 0, "b": 1, "s": 2}, 2) == {
-        "s": 0,
-        "b": 1,
-        "a": 2,
-    }
+    # A previous standby (rank >= world) has no rank to keep.
     assert keep_previous_ranks({"b": 0, "s": 1, "c": 2}, {"a": 0, "b": 1, "c": 2}, 2) == {
         "b": 1,
         "s": 0,
         "c": 2,
     }
+
+
+def test_a_survivor_slower_than_the_spare_still_gets_its_rank_back() -> None:
+    # NVRx closed the round with the spare and b active and a (a survivor, a moment late) on standby.
+    assert keep_previous_ranks({"s": 0, "b": 1, "a": 2}, {"a": 0, "b": 1}, 2) == {"a": 0, "b": 1, "s": 2}
+    # Unless a is no candidate for an active rank this round (NVRx's standby-only participants).
+    nvrx = {"s": 0, "b": 1, "a": 2}
+    assert keep_previous_ranks(nvrx, {"a": 0, "b": 1}, 2, {"s", "b"}) == nvrx
 
 
 @pytest.fixture
@@ -83,3 +86,16 @@ def test_segment_aware_rounds_keep_nvrx_assignment(barrier: tuple[types.ModuleTy
     people = {n: (p[0], p[1], f"dom{p[1]}", None) for n, p in people.items()}
     assert _round(state, people, ["a", "b", "c"], 2) == {"a": 0, "b": 1, "c": 2}
     assert _round(state, people, ["b", "c"], 2) == {"b": 0, "c": 1}
+
+
+def test_a_launcher_started_again_on_its_pod_keeps_its_rank(barrier: tuple[types.ModuleType, object]) -> None:
+    """A node with an infrastructure rank (GROUP_RANK) is that rank, not its launcher process: the
+    supervisor's new ft_launcher on the same pod (a new descriptor, the same infrastructure rank) gets
+    its group rank back, not the spare that NVRx's order would put first."""
+    module, state = barrier
+    sticky_group_ranks(module)
+    infra = {"s": 0, "a": 1, "b": 2, "b2": 2}  # b2: b's pod, its launcher started again
+    people = {n: (module._NodeDesc(n, 100 + i, 0), infra[n], "none", None) for i, n in enumerate(infra)}
+    assert _round(state, people, ["a", "b"], 2) == {"a": 0, "b": 1}
+    # NVRx alone ranks s (infra 0) and a first; keyed by descriptor, b2 would be a stranger and stand by.
+    assert _round(state, people, ["s", "a", "b2"], 2) == {"a": 0, "b2": 1, "s": 2}
