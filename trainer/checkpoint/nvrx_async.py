@@ -67,7 +67,26 @@ def make_async_queue() -> Any:
     params = inspect.signature(AsyncCallsQueue.__init__).parameters
     if not cuda_available() and "cpu_shm_mode" in params:
         kwargs["cpu_shm_mode"] = True  # 0.7.x: skip the worker's CUDA device selection
-    return AsyncCallsQueue(**kwargs)
+    if cuda_available():
+        return AsyncCallsQueue(**kwargs)
+    return _cpu_queue_class(AsyncCallsQueue)(**kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_queue_class(base: type) -> type:
+    """AsyncCallsQueue whose garbage collection cannot raise on a CPU host: NVRx's `__del__` closes the
+    queue, finalizing pending calls, and the finalization's all_reduce asks for
+    `torch.cuda.current_device()` (seen: an unraisable AssertionError when a dropped queue was collected
+    during a later test). Collected, a CPU queue is aborted instead: whatever it was writing is an
+    uncommitted temp dir, never loaded (as abort_queue)."""
+
+    class CpuAsyncCallsQueue(base):  # type: ignore[misc, valid-type]
+        def __del__(self) -> None:
+            with contextlib.suppress(Exception):
+                abort_queue(self)
+                self.close(abort=True)
+
+    return CpuAsyncCallsQueue
 
 
 def cpu_safe_preload(preload_fn: Callable[[], Any] | None) -> Callable[[], Any] | None:
