@@ -72,7 +72,7 @@ def make_async_queue() -> Any:
     return _cpu_queue_class(AsyncCallsQueue)(**kwargs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_queue_class(base: type) -> type:
     """AsyncCallsQueue whose garbage collection cannot raise on a CPU host: NVRx's `__del__` closes the
     queue, finalizing pending calls, and the finalization's all_reduce asks for
