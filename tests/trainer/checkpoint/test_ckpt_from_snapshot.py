@@ -180,8 +180,8 @@ def test_a_snapshot_held_by_a_save_is_not_overwritten_until_released(tmp_path: P
         hold = first.reusable.hold()
         train_step(state, 1)
         assert snaps.after_step(1, state) is not None  # the other slot: no wait
-        threading.Timer(0.5, hold.release).start()
         train_step(state, 2)
+        threading.Timer(0.5, hold.release).start()  # after the step: the wait alone is measured
         third = snaps.after_step(2, state)
         assert third is not None and third.wait_s >= 0.4 and third.reusable.slot == first.reusable.slot
     finally:
