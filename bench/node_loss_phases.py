@@ -36,26 +36,11 @@ DEMO_SHAPES = {"data.seq_len": 128, "data.micro_batch_size": 4}
 
 def pod_specs(tree: Path, run_dir: Path, data: Path, port: int, cfg: PodsConfig) -> list[PodSpec]:
     """The scenario's pods (bench.recovery_pods.pod_specs) with the demo's batch, running `tree`'s trainer."""
-    from tools.localpods import node_places, node_pod_spec
-    from tools.podcommand import LocalPlaces, pod_argv
     from trainer.components import chart_values
 
-    values = {**recovery_pods.pod_values(SCENARIO, cfg), **chart_values(DEMO_SHAPES)}
-    stores = free_port(span=2)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tree),
-        "OMP_NUM_THREADS": "1",
-        "TRAINER_PG_PORT": str(stores),
-        "TRAINER_INPROCESS_PORT": str(stores + 1),
-    }
-    specs = []
-    for index in range(SCENARIO.nodes + SCENARIO.spares):
-        places = node_places(LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt"), index)
-        pod_env = {**env, "GROUP_RANK": str(index), "JOB_COMPLETION_INDEX": str(index)}
-        log = run_dir / "logs" / f"pod-{index}.log"
-        specs.append(node_pod_spec(f"pod-{index}", pod_argv(values, places), pod_env, log, places))
-    return specs
+    return recovery_pods.pod_specs(
+        SCENARIO, cfg, run_dir, data, port, extra_values=chart_values(DEMO_SHAPES), tree=tree
+    )
 
 
 def run_once(tree: Path, run_dir: Path, data: Path, cfg: PodsConfig) -> dict[str, Any]:

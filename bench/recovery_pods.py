@@ -228,16 +228,26 @@ def make_data(path: Path, cfg: PodsConfig) -> Path:
     return path
 
 
-def pod_specs(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path, port: int) -> list[PodSpec]:
+def pod_specs(
+    sc: PodsScenario,
+    cfg: PodsConfig,
+    run_dir: Path,
+    data: Path,
+    port: int,
+    *,
+    extra_values: dict[str, Any] | None = None,
+    tree: Path = REPO,
+) -> list[PodSpec]:
     """One PodSpec per Job index (nodes + spares), each with its own node-local directories (NVMe tier,
-    /dev/shm), empty in a replacement pod (tools/localpods.py node_places)."""
+    /dev/shm), empty in a replacement pod (tools/localpods.py node_places). `extra_values` go over the
+    scenario's chart values; `tree`: the checkout whose trainer the pods import."""
     from tools.localpods import node_places, node_pod_spec
     from tools.podcommand import LocalPlaces, pod_argv
 
     stores = free_port(span=2)
     env = {
         **os.environ,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(tree),
         "OMP_NUM_THREADS": "1",
         # Outside the ephemeral range, as tests/trainer/_jobs.py run_job does (MASTER_PORT+1/+2 collided).
         "TRAINER_PG_PORT": str(stores),
@@ -247,7 +257,7 @@ def pod_specs(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path, port
     for index in range(sc.nodes + sc.spares):
         places = node_places(LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt"), index)
         pod_env = {**env, "GROUP_RANK": str(index), "JOB_COMPLETION_INDEX": str(index)}
-        argv = pod_argv(pod_values(sc, cfg), places)
+        argv = pod_argv({**pod_values(sc, cfg), **(extra_values or {})}, places)
         log = run_dir / "logs" / f"pod-{index}.log"
         specs.append(node_pod_spec(f"pod-{index}", argv, pod_env, log, places))
     return specs
