@@ -75,6 +75,8 @@ class PodsScenario:
     """Snapshots every step, replicated to the next node (the chart's defaults); else none."""
     steps: int = 0
     """Steps of the run; 0: PodsConfig.steps."""
+    replace_delay_s: float | None = None
+    """Seconds before a dead pod's replacement starts; None: PodsConfig.replace_delay_s."""
 
 
 SCENARIOS: dict[str, PodsScenario] = {
@@ -115,6 +117,9 @@ SCENARIOS: dict[str, PodsScenario] = {
             "kill-rendezvous-then-launcher",
             snapshots=True,
             steps=20,
+            # The service is lost once node 0's replacement waits in the rendezvous (the driver waits
+            # for that): a quick replacement, so it comes before the run ends.
+            replace_delay_s=2.0,
         ),
         PodsScenario(
             "compound/rank-during-restart",
@@ -305,6 +310,7 @@ class Driver:
         self.done: dict[str, Any] | None = None
         self._old_workers: set[int] = set()
         self._did: dict[str, Any] = {}
+        self._log_marks: dict[int, int] = {}
 
     def workers(self, indexes: Sequence[int] = (0,)) -> set[int]:
         """The worker processes (`python -u -m trainer`, children of the pod's launcher: the
@@ -328,6 +334,20 @@ class Driver:
             for pid in _launchers(pod.pid, procs) - {pod.pid}:
                 return index, pid
         return None
+
+    def _replacements_wait(self) -> bool:
+        """Some pod was replaced, and every replacement's launcher has asked to join a round since the
+        fault (its log past where it stood when the driver first saw the fault)."""
+        pods = range(self.sc.nodes + self.sc.spares)
+        if not self._log_marks:
+            self._log_marks = {i: self.job.log_path(i).stat().st_size for i in pods}
+        replaced = [i for i in pods if self.job.attempt(i) >= 1]
+        for index in replaced:
+            with self.job.log_path(index).open("rb") as fh:
+                fh.seek(self._log_marks[index])
+                if b"attempts to join the next round" not in fh.read():
+                    return False
+        return bool(replaced)
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
         if self.done is not None or not self.sc.action:
@@ -355,7 +375,11 @@ class Driver:
         elif self.sc.action.startswith("kill-rendezvous") and last_fault_fired:
             fault_step = max(int(e["step"]) for e in injected)
             last_step = max((int(e["step"]) for e in events if e["ev"] == "step"), default=-1)
-            if "rendezvous" not in self._did and last_step >= fault_step + 3:
+            # The worst moment for the service's loss: the lost pod's replacement (an empty /dev/shm,
+            # the lowest infrastructure rank) already waits in the rendezvous, so a new service that
+            # ranked pods afresh would make it active (seen once under load: the job started over).
+            replacements_wait = self._replacements_wait()
+            if "rendezvous" not in self._did and last_step >= fault_step + 3 and replacements_wait:
                 pids = sorted(self.job.kill_rendezvous())
                 self._did["rendezvous"] = {"t": time.time(), "step": last_step, "pids": pids}
             if self.sc.action == "kill-rendezvous" and "rendezvous" in self._did:
@@ -395,7 +419,7 @@ def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> di
         specs,
         backoff_limit=len(specs) + 2,
         fail_job_exit_codes=FAIL_JOB_EXIT_CODES,
-        replace_delay_s=cfg.replace_delay_s,
+        replace_delay_s=cfg.replace_delay_s if sc.replace_delay_s is None else sc.replace_delay_s,
         host_port=port,
     ) as job:
         job.start()

@@ -183,6 +183,14 @@ class LocalJob:
         """The current pod of `index`."""
         return self._pods[index]
 
+    def attempt(self, index: int) -> int:
+        """The attempt number of the current pod of `index` (0: the first; -1: not started)."""
+        return self._attempt.get(index, -1)
+
+    def log_path(self, index: int) -> Path:
+        """Where the pods of `index` write their output (every attempt appends)."""
+        return Path(self._specs[index].log_path)
+
     @property
     def exits(self) -> tuple[PodExit, ...]:
         """Every pod attempt that ended so far."""

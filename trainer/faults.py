@@ -207,8 +207,16 @@ class FaultInjector:
 
 
 def _launcher_round() -> str:
-    """The launcher's rendezvous round this process belongs to (0 outside a launcher)."""
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    """The launcher round this process belongs to: its launcher process (TRAINER_LAUNCHER_ID, set by
+    trainer/launcher/ft.py) and that launcher's round (TORCHELASTIC_RESTART_COUNT, 0 outside a
+    launcher). The count alone is not enough: it starts at 0 again in a launcher started anew (a
+    replaced rendezvous service, a killed launcher), and a replacement pod's round 0 then matched the
+    round the marker was written in (seen: a node loss fired twice)."""
+    from trainer.launcher.supervise import LAUNCHER_ID_ENV
+
+    launcher = os.environ.get(LAUNCHER_ID_ENV, "")
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"{launcher}/{count}" if launcher else count
 
 
 def _marker_round(path: Path) -> str | None:

@@ -233,3 +233,23 @@ def test_a_node_loss_fires_once_per_run_whichever_rank_of_the_node_claims_it(
     reach_step_3(2, 0, tmp_path / "b")
     reach_step_3(3, 0, tmp_path / "b")
     assert fired == [(2, "0"), (3, "0")]
+
+
+def test_node_loss_never_fires_again_in_a_later_launchers_round_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher started anew (the rendezvous service was replaced, or the launcher was killed) counts
+    its rounds from 0 again: the ranks of the pod that took node 1's place must not take that round 0
+    for the one the marker was written in (seen: a node loss fired twice after the service's loss)."""
+    import trainer.faults as faults
+    from trainer.launcher.supervise import LAUNCHER_ID_ENV
+
+    fired: list[str] = []
+    monkeypatch.setattr(faults, "_lose_node", lambda: fired.append(os.environ[LAUNCHER_ID_ENV]))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    for launcher in ("first-launcher", "first-launcher", "second-launcher"):
+        monkeypatch.setenv(LAUNCHER_ID_ENV, launcher)
+        specs = [parse_fault("node-loss:step=3:node=1")]
+        FaultInjector(specs, rank=2, node=1, marker_dir=tmp_path, emit=lambda k, s: None).at_step(3)
+    # The first launcher's round 0 fires (on each of its ranks that gets there); the second's never.
+    assert fired == ["first-launcher", "first-launcher"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import uuid
 
 
 def main(argv: list[str]) -> int:
@@ -32,16 +33,26 @@ def main(argv: list[str]) -> int:
     from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
     from trainer.launcher.patches import (
         beat_after_rendezvous,
+        claim_previous_rank,
         skip_idle_group_grace,
         sticky_group_ranks,
         sync_before_round_wait,
     )
-    from trainer.launcher.supervise import EPOCH_FILE_ENV, write_epoch_when_reachable
+    from trainer.launcher.supervise import (
+        CLAIM_FILE_ENV,
+        EPOCH_FILE_ENV,
+        LAUNCHER_ID_ENV,
+        write_epoch_when_reachable,
+    )
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
 
     skip_idle_group_grace(launcher)
     sync_before_round_wait(ft_rendezvous_barrier)
     sticky_group_ranks(ft_rendezvous_barrier)  # when this launcher hosts the store (no rendezvous service)
+    claim_previous_rank(ft_rendezvous_barrier, os.environ.get(CLAIM_FILE_ENV))  # for a replaced service
+    # This launcher process, for its workers: a round is (launcher, TORCHELASTIC_RESTART_COUNT), since the
+    # count starts at 0 again in a launcher started anew (trainer/faults.py's per-node markers).
+    os.environ[LAUNCHER_ID_ENV] = uuid.uuid4().hex
     endpoint = rdzv_endpoint(argv[1:])
     try:
         if endpoint:

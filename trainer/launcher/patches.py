@@ -12,6 +12,10 @@ names its upstream report and the canary test that fails once NVRx no longer nee
 * `sticky_group_ranks` (ft_rendezvous_barrier._RendezvousBarrierState._assign_group_ranks, on the store
   host: the rendezvous service, trainer/launcher/rendezvous.py): docs/nvrx-group-rank-shift.md; canary
   tests/trainer/launcher/test_sticky_ranks.py::test_nvrx_assignment_as_shipped_moves_survivors_down.
+* `claim_previous_rank` (ft_rendezvous_barrier._RendezvousBarrierState.perform_rendezvous, on every
+  launcher) with the claims `sticky_group_ranks` reads: a replaced rendezvous service ranks the pods as
+  the old one did (docs/nvrx-group-rank-shift.md); NVRx keeps no such memory by design (its host is a
+  training node), so the test is tests/trainer/launcher/test_sticky_ranks.py::test_a_new_host_honours_claims.
 * `quick_host_polls` (the barrier module's `time.sleep` and `_compute_step2_poll_interval`, in the
   rendezvous service only): docs/nvrx-restart-sleeps.md; canary
   tests/trainer/launcher/test_rendezvous_polls.py::test_nvrx_host_polls_as_shipped_wait_a_second.
@@ -19,6 +23,7 @@ names its upstream report and the canary test that fails once NVRx no longer nee
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -150,15 +155,115 @@ def sticky_group_ranks(barrier_module: Any) -> bool:
         identity = {p[0]: (p[1] if isinstance(p[1], int) and p[1] >= 0 else p[0]) for p in active}
         by_identity = {identity.get(node, node): rank for node, rank in assigned.items()}
         if getattr(self, "segment", None) is None:
-            by_identity = keep_previous_ranks(
-                by_identity, getattr(self, "_trainer_previous_ranks", {}), world_size
-            )
+            previous = dict(getattr(self, "_trainer_previous_ranks", {}))
+            # What this process remembers wins; a node it has no memory of (every node, when the
+            # service was replaced; a launcher started again on its pod under a new descriptor) may
+            # claim the rank its pod's launcher last held.
+            present = {identity.get(p[0], p[0]) for p in active}
+            taken = {rank for who, rank in previous.items() if who in present}
+            for node, rank in read_claims(getattr(self, "store", None), [p[0] for p in active]).items():
+                who = identity.get(node, node)
+                if who not in previous and rank not in taken:
+                    previous[who] = rank
+                    taken.add(rank)
+            by_identity = keep_previous_ranks(by_identity, previous, world_size)
             assigned = {node: by_identity[identity.get(node, node)] for node in assigned}
         self._trainer_previous_ranks = {who: rank for who, rank in by_identity.items() if rank < world_size}
         return assigned
 
     assign_keeping_survivors._sticky = True  # type: ignore[attr-defined]
     state._assign_group_ranks = assign_keeping_survivors
+    return True
+
+
+# ------------------------------------------------------------------ barrier rendezvous: a pod's claim
+# The memory of sticky_group_ranks lives in the process that hosts the store. When that process is
+# replaced (the rendezvous service's pod deleted or its node drained), the new one remembers nothing and
+# NVRx ranks the nodes afresh, by infrastructure rank or arrival: seen, a replacement pod with an empty
+# /dev/shm took rank 0 while the pod that held rank 0's snapshots stood by, and the job started over from
+# its durable checkpoint. So each pod's launcher remembers its own last group rank (in a file its
+# supervisor keeps, trainer/launcher/supervise.py) and offers it as a claim before it joins a round; the
+# host honours claims only for nodes it has no memory of and only for ranks nobody else holds. A claim
+# moves no data: a wrong one (a stale file) costs a restore from peers or the durable checkpoint, never
+# a wrong resume (the restore agreement, trainer/snapshot/restore.py, decides what is loaded).
+
+CLAIM_PREFIX = "trainer/rendezvous/claim/"
+"""Store key prefix of a joining node's claim: `<prefix><node descriptor>` = its pod's last group rank,
+or -1 for none."""
+
+
+def read_claim(path: str | None) -> int:
+    """The group rank this pod's launcher last held (its claim file), or -1."""
+    if not path:
+        return -1
+    try:
+        with open(path) as fh:
+            value = int(fh.read().strip())
+    except (OSError, ValueError):
+        return -1
+    return value if value >= 0 else -1
+
+
+def write_claim(path: str | None, rank: int) -> None:
+    """Remember `rank` as this pod's group rank (atomically: a launcher killed mid-write leaves the old
+    file or the new one)."""
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(OSError):
+        with open(tmp, "w") as fh:
+            fh.write(str(int(rank)))
+        os.replace(tmp, path)
+
+
+def read_claims(store: Any, nodes: list[Any]) -> dict[Any, int]:
+    """node -> claimed rank for the nodes that wrote a claim (>= 0) into `store`; {} when there is no
+    store. One round trip when every node wrote one (every launcher of the job does, before it joins)."""
+    if store is None or not nodes:
+        return {}
+    keys = [f"{CLAIM_PREFIX}{node!r}" for node in nodes]
+    try:
+        if store.check(keys):
+            values = list(store.multi_get(keys))
+        else:
+            values = [store.get(k) if store.check([k]) else b"-1" for k in keys]
+    except Exception:  # the store's own failure surfaces in NVRx's next call; a claim is only a hint
+        return {}
+    claims: dict[Any, int] = {}
+    for node, raw in zip(nodes, values, strict=True):
+        try:
+            rank = int(bytes(raw).decode())
+        except ValueError:
+            continue
+        if rank >= 0:
+            claims[node] = rank
+    return claims
+
+
+def claim_previous_rank(barrier_module: Any, claim_file: str | None) -> bool:
+    """Wrap the joining side's `_RendezvousBarrierState.perform_rendezvous`: before each join write this
+    pod's claim (its launcher's last group rank, from `claim_file`) under the node's descriptor, and once
+    a round made the node active, remember that rank in `claim_file`. Without a claim file (no
+    supervisor) nothing is claimed. Returns whether the installed NVRx has the method."""
+    state: Any = getattr(barrier_module, "_RendezvousBarrierState", None)
+    original = getattr(state, "perform_rendezvous", None)
+    if original is None:
+        return False
+    if getattr(original, "_claims", False):
+        return True
+
+    @functools.wraps(original)
+    def claim_then_join(self: Any, node_desc: Any, *args: Any, **kwargs: Any) -> Any:
+        if claim_file:
+            # A store that does not answer fails NVRx's own join next.
+            with contextlib.suppress(Exception):
+                self.store.set(f"{CLAIM_PREFIX}{node_desc!r}", str(read_claim(claim_file)))
+        result = original(self, node_desc, *args, **kwargs)
+        write_claim(claim_file, int(result[0]))
+        return result
+
+    claim_then_join._claims = True  # type: ignore[attr-defined]
+    state.perform_rendezvous = claim_then_join
     return True
 
 

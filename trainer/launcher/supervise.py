@@ -46,6 +46,13 @@ from datetime import timedelta
 
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
+CLAIM_FILE_ENV = "TRAINER_RENDEZVOUS_CLAIM_FILE"
+"""Where ft_launcher's process remembers the group rank its pod last held, across the launchers this
+supervisor starts (trainer/launcher/patches.py `claim_previous_rank`): a replaced rendezvous service
+gets it back as a claim. It lives beside the epoch file and, like the pod's snapshots, dies with the pod."""
+CLAIM_FILE_NAME = "rendezvous.rank"
+LAUNCHER_ID_ENV = "TRAINER_LAUNCHER_ID"
+"""A fresh id per ft_launcher process, set by trainer/launcher/ft.py for its workers."""
 EPOCH_FILE_ENV = "TRAINER_RENDEZVOUS_EPOCH_FILE"
 """Where ft_launcher's process writes the epoch of the rendezvous service it reached
 (trainer/launcher/ft.py)."""
@@ -146,7 +153,12 @@ class Supervisor:
     def run(self, keep: frozenset[int] = frozenset()) -> int:
         """Supervise until ft_launcher ends for good; `keep`: children that are not ft_launcher's
         leftovers (the zygote)."""
-        env = {**os.environ, SUPERVISOR_PID_ENV: str(os.getpid()), EPOCH_FILE_ENV: self.epoch_file}
+        env = {
+            **os.environ,
+            SUPERVISOR_PID_ENV: str(os.getpid()),
+            EPOCH_FILE_ENV: self.epoch_file,
+            CLAIM_FILE_ENV: os.path.join(os.path.dirname(os.path.abspath(self.epoch_file)), CLAIM_FILE_NAME),
+        }
         killed_restarts = 0
         while True:
             with contextlib.suppress(FileNotFoundError):

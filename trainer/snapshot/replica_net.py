@@ -178,6 +178,10 @@ class ReplicaServer:
                                 step, exc)  # fmt: skip
                     with contextlib.suppress(OSError):
                         _send_error(conn, str(exc), key, nonce)
+                        # The sender may still have bytes on the way (a PUT refused on its checksum
+                        # before its MAC was read): closing on unread bytes resets the connection, and
+                        # the reset can discard the reply before the sender reads it (seen in make test).
+                        _linger(conn)
         finally:
             self._slots.release()
 

@@ -8,8 +8,9 @@ fault-free run of the same values:
   restores from its own /dev/shm, the spare from the survivor's replica; at most one step recomputed;
   no pod but the lost one exits (the Job's failure budget is not charged for a peer);
 * the service's loss (SIGKILL, replaced by LocalJob as its Deployment would be): each pod's supervisor
-  starts ft_launcher again on the same pod; the ranks restore from memory (their own /dev/shm or, ranked
-  afresh by the new service, a peer's replica); no pod exits;
+  starts ft_launcher again on the same pod; each pod claims its last group rank from the new service, so
+  node 0's replacement (waiting in the rendezvous by then) stands by; the ranks restore from memory;
+  no pod exits;
 * one pod's ft_launcher SIGKILLed: that pod's main process ends its leftovers (workers, rank monitors)
   and starts ft_launcher again; one restart round, no pod exits.
 """
@@ -92,8 +93,9 @@ def test_losing_the_rendezvous_service_costs_one_restart_round_and_no_pod(runs: 
     killed_at = float(rec["action"]["rendezvous"]["t"])
     launcher_at = float(rec["action"]["launcher"]["t"])
     after = [e for e in events if e["ev"] == "restore" and killed_at < float(e["t"]) < launcher_at]
-    # From memory, never a durable checkpoint. A new service remembers no group ranks, so the nodes may
-    # be ranked afresh (by pod index) and restore each other's state from the replicas they keep.
+    # From memory, never a durable checkpoint (nor nothing: seen once before the pods' rank claims, node
+    # 0's replacement took rank 0 from the new service and the run started over from step 0). The driver
+    # kills the service once that replacement waits in the rendezvous.
     assert after and {e["source"] for e in after} <= {"shm", "peer"}, after
     assert len({e["rank"] for e in after}) == 2
     assert rec["unplanned_pod_restarts"] == 0

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import types
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from trainer.launcher.patches import keep_previous_ranks, sticky_group_ranks
+from trainer.launcher.patches import (
+    CLAIM_PREFIX,
+    claim_previous_rank,
+    keep_previous_ranks,
+    read_claim,
+    read_claims,
+    sticky_group_ranks,
+)
 
 
 def test_a_survivor_above_a_lost_node_keeps_its_rank_and_the_spare_fills_the_hole() -> None:
@@ -99,3 +107,65 @@ def test_a_launcher_started_again_on_its_pod_keeps_its_rank(barrier: tuple[types
     assert _round(state, people, ["a", "b"], 2) == {"a": 0, "b": 1}
     # NVRx alone ranks s (infra 0) and a first; keyed by descriptor, b2 would be a stranger and stand by.
     assert _round(state, people, ["s", "a", "b2"], 2) == {"a": 0, "b2": 1, "s": 2}
+
+
+def _claim(state: object, people: dict[str, tuple], name: str, rank: int) -> None:
+    """What `claim_previous_rank` writes for a joining node."""
+    state.store.set(f"{CLAIM_PREFIX}{people[name][0]!r}", str(rank))  # type: ignore[attr-defined]
+
+
+def test_a_new_host_honours_claims(barrier: tuple[types.ModuleType, object]) -> None:
+    """A replaced rendezvous service remembers nothing. The pods' claims (each launcher's last group
+    rank) give the survivors their ranks back; the lost node's replacement pod, infrastructure rank 0
+    and an empty /dev/shm, which NVRx's order would put first, stands by. Seen before the claims: it
+    took rank 0 and the job started over from its durable checkpoint."""
+    module, state = barrier
+    sticky_group_ranks(module)
+    infra = {"pod0-new": 0, "pod1": 1, "pod2": 2}
+    people = {n: (module._NodeDesc(n, 100 + i, 0), infra[n], "none", None) for i, n in enumerate(infra)}
+    # Without claims, NVRx's order: the replacement is rank 0.
+    assert _round(state, people, ["pod0-new", "pod1", "pod2"], 2) == {"pod0-new": 0, "pod1": 1, "pod2": 2}
+    fresh = module._RendezvousBarrierState(state.store, "sticky-test-2", is_store_host=True)  # type: ignore[attr-defined]
+    _claim(fresh, people, "pod0-new", -1)
+    _claim(fresh, people, "pod1", 0)
+    _claim(fresh, people, "pod2", 1)
+    assert _round(fresh, people, ["pod0-new", "pod1", "pod2"], 2) == {"pod1": 0, "pod2": 1, "pod0-new": 2}
+    # From then on the host's memory decides; a claim of a rank held in memory is ignored.
+    _claim(fresh, people, "pod0-new", 0)
+    assert _round(fresh, people, ["pod0-new", "pod1", "pod2"], 2) == {"pod1": 0, "pod2": 1, "pod0-new": 2}
+
+
+def test_conflicting_or_garbled_claims_leave_nvrx_order(barrier: tuple[types.ModuleType, object]) -> None:
+    """A claim is only a hint: two pods claiming one rank keep only the first claim (in NVRx's order),
+    a claim that is no number is none, and nodes that wrote nothing are ranked by NVRx."""
+    module, state = barrier
+    sticky_group_ranks(module)
+    people = _participants(module, ["a", "b", "c"])
+    _claim(state, people, "a", 1)
+    _claim(state, people, "b", 1)
+    state.store.set(f"{CLAIM_PREFIX}{people['c'][0]!r}", "not-a-rank")  # type: ignore[attr-defined]
+    assert _round(state, people, ["a", "b", "c"], 2) == {"a": 1, "b": 0, "c": 2}
+    assert read_claims(state.store, [people["c"][0], people["a"][0]]) == {people["a"][0]: 1}  # type: ignore[attr-defined]
+    assert read_claims(None, [people["a"][0]]) == {}
+
+
+def test_a_launcher_remembers_the_rank_a_round_gave_it_and_claims_it_next_time(
+    barrier: tuple[types.ModuleType, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module, state = barrier
+    state_cls = module._RendezvousBarrierState
+    claims: list[bytes] = []
+
+    def nvrx_join(self: object, node_desc: object, *args: object, **kwargs: object) -> tuple[int, int]:
+        claims.append(bytes(self.store.get(f"{CLAIM_PREFIX}{node_desc!r}")))  # type: ignore[attr-defined]
+        return (1, 2)
+
+    monkeypatch.setattr(state_cls, "perform_rendezvous", nvrx_join)
+    claim_file = tmp_path / "rendezvous.rank"
+    assert claim_previous_rank(module, str(claim_file)) and claim_previous_rank(module, str(claim_file))
+    desc = module._NodeDesc("pod", 1, 0)
+    assert state.perform_rendezvous(desc, 2, 3) == (1, 2)  # type: ignore[attr-defined]
+    assert state.perform_rendezvous(desc, 2, 3) == (1, 2)  # type: ignore[attr-defined]
+    assert claims == [b"-1", b"1"] and claim_file.read_text() == "1"
+    claim_file.write_text("garbled")
+    assert read_claim(str(claim_file)) == -1 and read_claim(None) == -1
