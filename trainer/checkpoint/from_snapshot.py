@@ -181,7 +181,7 @@ class FromSnapshot:
             buf = self._buffers[i]
             return DTensor(buf, spec, requires_grad=False) if spec is not None else buf
 
-        return codec.decode(skeleton, tensor_at)  # type: ignore[no-any-return]
+        return codec.decode(skeleton, tensor_at)
 
     def _empty(self, meta: TensorMeta) -> torch.Tensor:
         t = torch.empty(meta.shape, dtype=meta.dtype)

@@ -80,7 +80,7 @@ def _cpu_queue_class(base: type) -> type:
     during a later test). Collected, a CPU queue is aborted instead: whatever it was writing is an
     uncommitted temp dir, never loaded (as abort_queue)."""
 
-    class CpuAsyncCallsQueue(base):  # type: ignore[misc, valid-type]
+    class CpuAsyncCallsQueue(base):
         def __del__(self) -> None:
             with contextlib.suppress(Exception):
                 abort_queue(self)
