@@ -326,7 +326,7 @@ class Driver:
 
     def _a_training_launcher(self) -> tuple[int, int] | None:
         """(pod index, pid) of the ft_launcher process of a pod that has workers now."""
-        for index in range(self.sc.nodes + self.sc.spares):
+        for index in self._pod_indexes():
             if not self.workers((index,)):
                 continue
             pod = self.job.pod(index)
@@ -335,13 +335,13 @@ class Driver:
                 return index, pid
         return None
 
+    def _pod_indexes(self) -> range:
+        return range(self.sc.nodes + self.sc.spares)
+
     def _replacements_wait(self) -> bool:
         """Some pod was replaced, and every replacement's launcher has asked to join a round since the
         fault (its log past where it stood when the driver first saw the fault)."""
-        pods = range(self.sc.nodes + self.sc.spares)
-        if not self._log_marks:
-            self._log_marks = {i: self.job.log_path(i).stat().st_size for i in pods}
-        replaced = [i for i in pods if self.job.attempt(i) >= 1]
+        replaced = [i for i in self._pod_indexes() if self.job.attempt(i) >= 1]
         for index in replaced:
             with self.job.log_path(index).open("rb") as fh:
                 fh.seek(self._log_marks[index])
@@ -363,7 +363,7 @@ class Driver:
                     os.kill(pid, signal.SIGKILL)
                 self.done = {"action": self.sc.action, "t": time.time(), "pids": sorted(monitors)}
         elif self.sc.action in ("kill-restarting-worker", "kill-restarting-worker-any"):
-            pods = range(self.sc.nodes + self.sc.spares) if self.sc.action.endswith("-any") else (0,)
+            pods = self._pod_indexes() if self.sc.action.endswith("-any") else (0,)
             if not last_fault_fired:
                 self._old_workers |= self.workers(pods)
                 return
@@ -378,8 +378,9 @@ class Driver:
             # The worst moment for the service's loss: the lost pod's replacement (an empty /dev/shm,
             # the lowest infrastructure rank) already waits in the rendezvous, so a new service that
             # ranked pods afresh would make it active (seen once under load: the job started over).
-            replacements_wait = self._replacements_wait()
-            if "rendezvous" not in self._did and last_step >= fault_step + 3 and replacements_wait:
+            if not self._log_marks:  # where each pod's log stood when the fault was first seen
+                self._log_marks = {i: self.job.log_path(i).stat().st_size for i in self._pod_indexes()}
+            if "rendezvous" not in self._did and last_step >= fault_step + 3 and self._replacements_wait():
                 pids = sorted(self.job.kill_rendezvous())
                 self._did["rendezvous"] = {"t": time.time(), "step": last_step, "pids": pids}
             if self.sc.action == "kill-rendezvous" and "rendezvous" in self._did:

@@ -297,11 +297,7 @@ class SnapshotStore:
         )
         if problem is not None:
             raise ValueError(f"snapshot slot {hold.slot}: {problem}")
-        m = self._mapping(hold.slot, None)
-        if m is None:
-            raise ValueError("snapshot slot disappeared")
-        start = HEADER_BYTES + header.tensor_bytes
-        meta = json.loads(bytes(m.buf[start : start + header.skeleton_bytes]))
+        m, meta = self._contents(hold.slot, header)
         for i, s in enumerate(meta["tensors"]):
             dtype = codec.dtype_of(s["dtype"])
             take(i, m.view(HEADER_BYTES + s["offset"], s["nbytes"], dtype, tuple(s["shape"])))
@@ -395,11 +391,7 @@ class SnapshotStore:
         h = offer.header
         if h.layout != expected_layout:
             raise ValueError(f"snapshot layout {h.layout} differs from this run's {expected_layout}")
-        m = self._mapping(offer.slot, None)
-        if m is None:
-            raise ValueError("snapshot slot disappeared")
-        start = HEADER_BYTES + h.tensor_bytes
-        meta = json.loads(bytes(m.buf[start : start + h.skeleton_bytes]))
+        m, meta = self._contents(offer.slot, h)
         slots = [
             codec.TensorSlot(s["dtype"], tuple(s["shape"]), s["offset"], s["nbytes"]) for s in meta["tensors"]
         ]
@@ -413,6 +405,15 @@ class SnapshotStore:
         if current != h:  # the bytes were overwritten while being read: never expected, never silent
             raise ValueError("snapshot slot changed while loading")
         return filled
+
+    def _contents(self, slot: int, header: Header) -> tuple[_Mapping, dict[str, Any]]:
+        """The slot's mapping and its JSON metadata (the tensors' places and the skeleton), as `header`
+        describes them. Raises ValueError when the slot is gone."""
+        m = self._mapping(slot, None)
+        if m is None:
+            raise ValueError("snapshot slot disappeared")
+        start = HEADER_BYTES + header.tensor_bytes
+        return m, json.loads(bytes(m.buf[start : start + header.skeleton_bytes]))
 
     def _read_header(self, slot: int) -> tuple[Header | None, str | None]:
         """(header, None) for a committed slot; (None, reason) for a damaged one; (None, None) if absent."""
