@@ -209,11 +209,10 @@ def write_claim(path: str | None, rank: int) -> None:
     file or the new one)."""
     if not path:
         return
-    tmp = f"{path}.{os.getpid()}.tmp"
+    from trainer.launcher.supervise import write_atomically
+
     with contextlib.suppress(OSError):
-        with open(tmp, "w") as fh:
-            fh.write(str(int(rank)))
-        os.replace(tmp, path)
+        write_atomically(path, str(int(rank)))
 
 
 def read_claims(store: Any, nodes: list[Any]) -> dict[Any, int]:

@@ -84,16 +84,22 @@ def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
         return None
 
 
+def write_atomically(path: str, text: str) -> None:
+    """Replace the file at `path` with `text`: a reader (or a process killed mid-write) sees the old
+    file or the new one, never a part."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
 def write_epoch_when_reachable(endpoint: str, path: str, stop: threading.Event | None = None) -> None:
     """ft_launcher's side: read the service's epoch once it answers and write it to `path` (atomically).
     Gives up quietly on a store without an epoch (a launcher-hosted store)."""
     while stop is None or not stop.is_set():
         epoch = read_epoch(endpoint)
         if epoch is not None:
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as fh:
-                fh.write(epoch)
-            os.replace(tmp, path)
+            write_atomically(path, epoch)
             return
         time.sleep(POLL_S * 4)
 
