@@ -28,6 +28,8 @@ import functools
 import os
 from typing import Any
 
+from trainer.launcher.podfiles import read_claim, write_claim
+
 # ------------------------------------------------------------------ launcher: stopping a worker group
 # NVRx 0.7's launcher, stopping a worker group before each restart round, calls
 # `fault_tolerance.utils.terminate_mp_processes(pgids)`: SIGTERM to every worker process group, then a
@@ -190,29 +192,6 @@ def sticky_group_ranks(barrier_module: Any) -> bool:
 CLAIM_PREFIX = "trainer/rendezvous/claim/"
 """Store key prefix of a joining node's claim: `<prefix><node descriptor>` = its pod's last group rank,
 or -1 for none."""
-
-
-def read_claim(path: str | None) -> int:
-    """The group rank this pod's launcher last held (its claim file), or -1."""
-    if not path:
-        return -1
-    try:
-        with open(path) as fh:
-            value = int(fh.read().strip())
-    except (OSError, ValueError):
-        return -1
-    return value if value >= 0 else -1
-
-
-def write_claim(path: str | None, rank: int) -> None:
-    """Remember `rank` as this pod's group rank (atomically: a launcher killed mid-write leaves the old
-    file or the new one)."""
-    if not path:
-        return
-    from trainer.launcher.supervise import write_atomically
-
-    with contextlib.suppress(OSError):
-        write_atomically(path, str(int(rank)))
 
 
 def read_claims(store: Any, nodes: list[Any]) -> dict[Any, int]:

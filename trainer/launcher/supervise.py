@@ -44,6 +44,8 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
+from trainer.launcher.podfiles import write_atomically
+
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
 CLAIM_FILE_ENV = "TRAINER_RENDEZVOUS_CLAIM_FILE"
@@ -82,15 +84,6 @@ def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
         return bytes(store.get(EPOCH_KEY)).decode(errors="replace")
     except (RuntimeError, ValueError, OSError):  # DistStoreError/DistNetworkError are RuntimeErrors
         return None
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Replace the file at `path` with `text`: a reader (or a process killed mid-write) sees the old
-    file or the new one, never a part."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def write_epoch_when_reachable(endpoint: str, path: str, stop: threading.Event | None = None) -> None:

@@ -13,10 +13,10 @@ from trainer.launcher.patches import (
     CLAIM_PREFIX,
     claim_previous_rank,
     keep_previous_ranks,
-    read_claim,
     read_claims,
     sticky_group_ranks,
 )
+from trainer.launcher.podfiles import read_claim
 
 
 def test_a_survivor_above_a_lost_node_keeps_its_rank_and_the_spare_fills_the_hole() -> None:
