@@ -35,7 +35,10 @@ def test_a_process_outside_the_tree_is_not_counted_as_own(tmp_path: Path) -> Non
         "import os, sys\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
-        f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        # Written beside and renamed: the test reads the pid only once it is whole (an open() for
+        # writing creates the file empty, and the test once read it in that moment).
+        f"    open({str(pid_file)!r} + '.part', 'w').write(str(os.getpid()))\n"
+        f"    os.replace({str(pid_file)!r} + '.part', {str(pid_file)!r})\n"
         + "\n".join("    " + line for line in BURN.format(s=1.0).splitlines())
         + "\n    os._exit(0)\n"
     )
