@@ -9,6 +9,10 @@ CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
 NAMESPACE   ?= ml-research
 PYTEST_ARGS ?=
+# make test and test-fast run two pytest workers (xdist); tests/conftest.py groups the tests so that the
+# multi-process training runs go one after another on one worker while the other takes the rest.
+PYTEST_WORKERS ?= 2
+XDIST       := -n $(PYTEST_WORKERS) --dist loadgroup
 # The NVRx release the image ships (Dockerfile NVRX_VERSION); installed by tools/install_nvrx.py.
 NVRX_VERSION := 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -48,10 +52,10 @@ prometheus: ## Install Debian's prometheus if it is not on PATH (apt-get; sudo w
 
 # BLUEPRINT_REQUIRE_TOOLS=1: a test that needs helm or the CDK CLI fails (never skips) when it is missing.
 test: setup prometheus ## Run the whole test suite
-	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(PYTEST_ARGS)
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup ## Run the tests that need no multi-process training
-	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(XDIST) -m 'not slow' $(PYTEST_ARGS)
 
 soak: setup prometheus ## The long runs kept out of make test: every checkpoint mode, more fault mixes
 	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)

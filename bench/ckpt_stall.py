@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tools.ports import free_port
+from trainer.ports import free_port
 
 MODES = ("sync", "torch-async", "nvrx")
 LAYER_DIM = 1024  # one Linear(1024, 1024) = 4 MiB of fp32 weights, 4 / world_size MiB per rank

@@ -25,8 +25,8 @@ from typing import Any
 from bench import recovery_pods
 from bench.recovery_pods import FAIL_JOB_EXIT_CODES, PodsConfig, PodsScenario, make_data, measure
 from tools.localjob import JobResult, LocalJob, PodSpec
-from tools.ports import free_port
 from tools.recovery_phases import PHASES
+from trainer.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = PodsScenario("node-loss/demo", 2, 1, 2, ("node-loss:step=8:node=1",), snapshots=True, steps=12)

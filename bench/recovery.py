@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recovery_measure import aggregate, measure
-from tools.ports import free_port
+from trainer.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 

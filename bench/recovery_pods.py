@@ -51,8 +51,8 @@ from typing import Any
 from bench.recovery_measure import spread
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
-from tools.ports import free_port
 from tools.recovery_phases import launcher_events, phases
+from trainer.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FAIL_JOB_EXIT_CODES = (2, 93)  # the chart's failJobExitCodes

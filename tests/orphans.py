@@ -29,7 +29,12 @@ _PROC = Path("/proc")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
+    if hasattr(config, "workerinput"):
+        # An xdist worker runs its own tests: its own id, so that a sibling worker's live processes
+        # (which descend from that worker, not from this one) are never taken for this worker's orphans.
+        os.environ[SESSION_ENV] = uuid.uuid4().hex
+    else:
+        os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
 
 
 def _parent(pid: int) -> int:

@@ -32,10 +32,10 @@ from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import active_at, role_changes, takeover_after
 from tools.podcommand import LOCAL_KEY_FILES
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
-from tools.ports import free_port
 from tools.recovery_phases import describe, launcher_events, phases, warm_starts
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
+from trainer.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

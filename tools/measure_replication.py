@@ -128,7 +128,7 @@ def _summary(values: list[float], scale: float = 1.0, unit: str = "") -> str:
 def main() -> None:
     import torch.multiprocessing as mp
 
-    from tools.ports import free_port
+    from trainer.ports import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", choices=("tiny", "small"))

@@ -187,11 +187,11 @@ def _standalone_env() -> None:
     """Without a launcher, run as rank 0 of 1 on free local ports (the Wrapper reads RANK/WORLD_SIZE)."""
     if "RANK" in os.environ:
         return
-    import socket
+    from trainer.ports import free_port
 
-    with socket.socket() as sock:  # a free base port; the trainer's stores take base+1 and base+2
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # Below the ephemeral range, with base+1 and base+2 (the trainer's stores) free too: a port from
+    # bind(0) had neighbours any outgoing connection could hold (EADDRINUSE, seen beside another run).
+    port = free_port()
     os.environ.update(
         RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )

@@ -7,6 +7,7 @@ connecting, and torch's client backs off about half a second after a refused con
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tools.ports import free_port
 from trainer.config import config_from_args
+from trainer.ports import free_port
 from trainer.train import Trainer
 
 
@@ -43,3 +44,21 @@ def test_rank_0_hosts_the_store_when_its_trainer_is_built(
     assert took < 0.3, f"the first connect took {took:.2f} s: the store was not up yet"
     other = _trainer(1, token_file, tmp_path / "out", port, monkeypatch)
     assert other.store is None, "only rank 0 hosts; the others connect in their first attempt"
+
+
+def test_a_run_without_a_launcher_takes_its_stores_ports_below_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bind(0) handed out a base port in the ephemeral range, and base+1 (the process group's store) was
+    # once held by another process's connection: EADDRINUSE beside a parallel test run.
+    from trainer.resilience.timeouts import trainer_ports
+    from trainer.train import _standalone_env
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(name, "")  # recorded, so what _standalone_env sets is undone after the test
+        monkeypatch.delenv(name)
+    _standalone_env()
+    ports = trainer_ports()
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert int(ports.inprocess_port) < ephemeral and int(ports.pg_port) < ephemeral
+    assert int(os.environ["MASTER_PORT"]) < ephemeral and ports.pg_port != ports.inprocess_port

@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from tools.ports import free_port
 from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
+from trainer.ports import free_port
 from trainer.resilience.liveness import liveness_key
 
 

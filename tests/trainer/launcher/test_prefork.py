@@ -8,6 +8,7 @@ The worker here is a probe module in the test's working directory, run as `pytho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,6 +141,24 @@ def test_killing_the_stand_in_kills_the_worker(zygote: dict[str, str], workdir: 
     while _alive(worker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(worker), "the lifeline must take the worker down with its stand-in"
+
+
+def test_killing_the_stand_in_kills_a_frozen_worker(zygote: dict[str, str], workdir: Path) -> None:
+    # A frozen worker (SIGSTOP, or hung in C holding the GIL) runs no thread of its own, lifeline included:
+    # the zygote, its parent, must end it, or it keeps its rank monitor connection (and its GPU).
+    client = _start(zygote, workdir, "sleep")
+    worker = _worker_pid(client)
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        client.kill()
+        client.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(worker), "a frozen worker outlived its stand-in"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
 
 
 def test_sigterm_to_the_stand_in_reaches_the_worker(zygote: dict[str, str], workdir: Path) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT
-from tools.ports import free_port
 from trainer.launcher.supervise import EPOCH_FILE_ENV, Supervisor, read_epoch, wait_for_other_epoch
+from trainer.ports import free_port
 
 
 def _child(tmp_path: Path, *codes: int, epoch: str | None = "e1") -> list[str]:

@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 from nvidia_resiliency_ext.inprocess.store import BarrierTimeout
 
-from tools.ports import free_port
 from trainer.launcher.beat import LauncherBeat
+from trainer.ports import free_port
 from trainer.resilience.inprocess import WrapperStore
 from trainer.resilience.liveness import (
     LIVENESS_STORE_ENV,

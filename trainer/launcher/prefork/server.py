@@ -107,7 +107,7 @@ class Zygote:
                         while os.read(self.wake_r, 4096):
                             pass
                 else:  # a client's connection: readable only when it closed (that client died)
-                    self._forget(key.fileobj)  # type: ignore[arg-type]
+                    self._end_worker_of(key.fileobj)  # type: ignore[arg-type]
             self._reap()
 
     def _accept(self) -> None:
@@ -135,12 +135,21 @@ class Zygote:
         self.workers[pid] = conn
         self.selector.register(conn, selectors.EVENT_READ)
 
-    def _forget(self, conn: socket.socket) -> None:
+    def _end_worker_of(self, conn: socket.socket) -> None:
+        """The client (the launcher's stand-in) is gone: SIGKILL the worker forked for it.
+
+        The worker's own lifeline thread (`_die_with_client`) cannot do this for a worker that is frozen
+        (SIGSTOP) or hung in C code holding the GIL: none of its threads run. Such a worker kept its
+        rank monitor connection open, and the next worker of that rank waited for NVRx's heartbeat
+        timeout (30 s in the tests) before its monitor took it. The worker is this process's child and not
+        yet reaped, so its PID cannot have been reused."""
         self.selector.unregister(conn)
         conn.close()
         for pid, known in list(self.workers.items()):
             if known is conn:
                 del self.workers[pid]
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _reap(self) -> None:
         while True:

@@ -1,4 +1,5 @@
-"""Free TCP ports for local runs, chosen where no outgoing connection can take them.
+"""Free TCP ports for local runs (a trainer started without a launcher, the local pods, tests and
+benchmarks), chosen where no outgoing connection can take them.
 
 A port the kernel hands out for `bind(0)` comes from the ephemeral range, the same range every outgoing
 connection's local side is drawn from. Between picking such a port and a trainer binding it (and the
