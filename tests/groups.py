@@ -1,0 +1,57 @@
+"""A pytest plugin: which tests `make test`'s two xdist workers run together (`--dist loadgroup`).
+
+Each test gets a group, so that a module's (or the session's) shared run or synth is started once, on one
+worker:
+- HEAVY: every module with a multi-process training run (a `slow` test, or one reading the session's
+  shared runs). They run one after another on one worker, never two at once: their timeouts are sized
+  for one run on a loaded 2-core machine, not for two runs competing;
+- "infra": the infra tests, which read one synth of the app per session (tests/infra/conftest.py);
+- every other module is its own group: the other worker takes them while HEAVY runs.
+
+Registered in tests/conftest.py; does nothing outside an xdist worker of `--dist loadgroup`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+from _pytest.nodeid import NodeId
+
+HEAVY = "heavy"
+SHARED_RUNS = frozenset({"clean_run", "faulty_run"})
+"""Session fixtures of tests/trainer/conftest.py that start a multi-process run."""
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def is_heavy(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None or bool(
+        SHARED_RUNS & set(getattr(item, "fixturenames", ()))
+    )
+
+
+def group_of(nodeid: str, heavy_modules: Iterable[str]) -> str:
+    module = module_of(nodeid)
+    if module in heavy_modules:
+        return HEAVY
+    if module.startswith("tests/infra/"):
+        return "infra"
+    return module
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not getattr(config.option, "loadgroup", False):  # set in an xdist worker of `--dist loadgroup` only
+        return
+    heavy_modules = {module_of(item.nodeid) for item in items if is_heavy(item)}
+    for item in items:
+        group = group_of(item.nodeid, heavy_modules)
+        item.add_marker(pytest.mark.xdist_group(group))
+        # The controller schedules by the suffix `@<group>` of each test's id. xdist 3.8 appends it to
+        # `item._nodeid`, which pytest 9 no longer reads (the id lives in `item._id`): without this
+        # every test was scheduled alone, and the session's shared runs ran once per worker.
+        if "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]

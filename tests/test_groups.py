@@ -1,0 +1,22 @@
+"""tests/groups.py: the multi-process runs share one worker, and the grouping reaches xdist's scheduler."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.groups import HEAVY, group_of
+
+
+def test_heavy_modules_share_one_group_infra_another_and_the_rest_their_own() -> None:
+    heavy = {"tests/trainer/test_exact_resume.py", "tests/bench/test_recovery_run.py"}
+    assert group_of("tests/trainer/test_exact_resume.py::test_x[a]", heavy) == HEAVY
+    assert group_of("tests/bench/test_recovery_run.py::test_y", heavy) == HEAVY
+    assert group_of("tests/infra/test_stacks.py::test_z", heavy) == "infra"
+    assert group_of("tests/chart/test_lint.py::test_w", heavy) == "tests/chart/test_lint.py"
+
+
+def test_this_test_is_scheduled_by_its_group(request: pytest.FixtureRequest) -> None:
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("checks the scheduling of make test's xdist workers (run with -n 2 --dist loadgroup)")
+    # The suffix is what xdist's controller groups by; without it each test is scheduled alone.
+    assert request.node.nodeid.endswith("@tests/test_groups.py")
