@@ -16,8 +16,9 @@ names its upstream report and the canary test that fails once NVRx no longer nee
   launcher) with the claims `sticky_group_ranks` reads: a replaced rendezvous service ranks the pods as
   the old one did (docs/nvrx-group-rank-shift.md); NVRx keeps no such memory by design (its host is a
   training node), so the test is tests/trainer/launcher/test_sticky_ranks.py::test_a_new_host_honours_claims.
-* `quick_host_polls` (the barrier module's `time.sleep` and `_compute_step2_poll_interval`, in the
-  rendezvous service only): docs/nvrx-restart-sleeps.md; canary
+* `quick_rendezvous_polls` (the barrier module's `time.sleep` and `_compute_step2_poll_interval`, in the
+  rendezvous service, and with a poll scaled by the job size in every launcher):
+  docs/nvrx-restart-sleeps.md; canary
   tests/trainer/launcher/test_rendezvous_polls.py::test_nvrx_host_polls_as_shipped_wait_a_second.
 """
 
@@ -281,13 +282,43 @@ def keep_previous_ranks(
 # waits for the first (it opens the round itself); the rendezvous service, which only watches, lost up to
 # a second there and up to another in Step 2 after every failure (docs/nvrx-restart-sleeps.md).
 
+# Every launcher has the same Step 0 wait: a hot spare stands by in it while the job trains, and after a
+# node loss the new round closes only once the spare has looked again, so the recovery paid up to one
+# more second (seen: the rendezvous phase of the demo's node loss 0.2-1.1 s, by the phase of that poll).
+# Launchers poll as the service does, scaled by the job's size so that the standbys' looks at the store
+# stay bounded (`launcher_poll_s`): at 2,000 nodes a launcher waits NVRx's 1 s again.
+
 HOST_POLL_S = 0.05
 """The rendezvous service's poll while it waits for a round to open or fill (one key, or the round's
 slots, per poll)."""
 
 
-def quick_host_polls(barrier_module: Any, poll_s: float = HOST_POLL_S) -> bool:
-    """For a process that only hosts the rendezvous (trainer/launcher/rendezvous.py): NVRx's barrier module
+def launcher_poll_s(max_nodes: int | None) -> float:
+    """A launcher's poll in the rendezvous for a job of up to `max_nodes` nodes: 50 ms for small jobs,
+    max_nodes/2000 s from 100 nodes, NVRx's 1 s from 2,000 (every standby looks at the store at most
+    2000/max_nodes times a second, so all of them together at most 2,000 times)."""
+    if not max_nodes or max_nodes < 1:
+        return 1.0
+    return max(HOST_POLL_S, min(1.0, max_nodes / 2000.0))
+
+
+def max_nodes(argv: list[str]) -> int | None:
+    """The largest node count of ft_launcher's `--nnodes` (MIN:MAX or N) in `argv`, if readable."""
+    for i, arg in enumerate(argv):
+        if arg == "--nnodes" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--nnodes="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        top = value.rsplit(":", 1)[-1]
+        return int(top) if top.isdigit() else None
+    return None
+
+
+def quick_rendezvous_polls(barrier_module: Any, poll_s: float = HOST_POLL_S) -> bool:
+    """For the rendezvous service (trainer/launcher/rendezvous.py), and for every launcher with its
+    `launcher_poll_s` (trainer/launcher/ft.py): NVRx's barrier module
     sleeps at most `poll_s` at a time, and Step 2 checks a round of N nodes every max(poll_s, N/2000) s,
     NVRx's own scaling without its 1 s floor (at 2,000 nodes it is NVRx's 1 s again). Returns whether the
     installed NVRx has what it replaces (False: nothing patched)."""

@@ -15,7 +15,7 @@ additions:
 * **sticky group ranks** (trainer/launcher/patches.py `sticky_group_ranks`): a node active in the last
   round keeps its group rank, so a survivor's /dev/shm snapshots stay its own and only the node that
   takes a lost one's place restores from a peer;
-* **quick polls** (`quick_host_polls`): NVRx's host looks for an opened round and at a filling one once
+* **quick polls** (`quick_rendezvous_polls`): NVRx's host looks for an opened round and at a filling one once
   a second; a launcher that hosts never waited for the first, this process does, so it polls every
   50 ms (and checks a round of N nodes every max(50 ms, N/2000 s));
 * **staying up once the job's rendezvous is shut down** (the launchers close it when the run ends): the
@@ -38,11 +38,11 @@ EPOCH_KEY = "trainer/rendezvous/epoch"
 def main(argv: list[str]) -> int:
     from nvidia_resiliency_ext.fault_tolerance import control_plane, ft_rendezvous_barrier
 
-    from trainer.launcher.patches import quick_host_polls, sticky_group_ranks, sync_before_round_wait
+    from trainer.launcher.patches import quick_rendezvous_polls, sticky_group_ranks, sync_before_round_wait
 
     sticky_group_ranks(ft_rendezvous_barrier)  # survivors keep their group rank (and their snapshots)
     sync_before_round_wait(ft_rendezvous_barrier)
-    quick_host_polls(ft_rendezvous_barrier)  # this process only watches: it must not sleep a second
+    quick_rendezvous_polls(ft_rendezvous_barrier)  # this process only watches: it must not sleep a second
     epoch = secrets.token_hex(8)
     stores: list[Any] = []  # keeps the store (its server) alive after NVRx's loop returns
     original = control_plane._create_tcp_store
