@@ -214,7 +214,7 @@ def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
         "gpusPerNode": sc.nproc,
         "ftInitialRankHeartbeatTimeout": 60,
         "ftWorkloadCheckInterval": 1,
-        "monitorInterval": 0.5,
+        "monitorInterval": 0.1,  # the demo's (tools/demo-values.yaml)
         "maxRestarts": 6,
         "workersStopTimeout": 5,
         "terminationGracePeriodSeconds": 15,
