@@ -282,6 +282,7 @@ class NvrxBackend:
         if save_fn is None:
             return (None, writer, metadata)
         request = AsyncRequest(save_fn, save_args, [], preload_fn=nvrx_async.cpu_safe_preload(preload_fn))
+        nvrx_async.drain_stale_results()  # no save of this process is in flight: anything queued is stale
         queue = self._queue_in_use
         index = self._bounded(
             lambda: queue.schedule_async_request(request), "hand the save to the worker", progress

@@ -29,6 +29,14 @@ function here is a pass-through (or adds nothing), so the GPU path is NVRx as sh
    write-results Manager live on as orphans, blocked forever. -> the warm-up request installs a watchdog
    thread in the worker that kills all of them once the trainer is gone, and `abort_queue` kills the
    worker's writers with it. (Not CPU-specific.)
+9. Every writer of a process puts its write results into one module-global queue
+   (`filesystem_async._results_queue`), and `retrieve_write_results` takes whatever comes first. A save
+   that was abandoned (aborted by a fault, a manager closed before its finalize) leaves its result
+   there, and the next save took it: a committed, signed checkpoint whose .metadata named the other
+   save's offsets, which no restore could read (seen in the test suite: every tensor read at a 64-byte
+   shift). -> `drain_stale_results` before each save is handed to the worker, and
+   `write_results_or_raise` checks that the results tile the files this save wrote before anything is
+   committed. (Not CPU-specific.)
 
 Only these NVRx names are used, all present in 0.4.1 and 0.7.0: AsyncCallsQueue(persistent=...),
 .schedule_async_request, .maybe_finalize_async_calls(blocking, no_dist), .get_num_unfinalized_calls,
@@ -162,13 +170,69 @@ def close_queue(queue: Any, timeout_s: float) -> None:
 
 
 def write_results_or_raise(writer: Any) -> list[Any]:
-    """The write results of a finished FileSystemWriterAsync, or RuntimeError if the write failed."""
+    """The write results of a finished FileSystemWriterAsync, or RuntimeError if the write failed or
+    the results do not describe the files this save wrote (item 9)."""
     from torch.distributed.checkpoint.utils import _is_wrapped_exception
 
     results = writer.retrieve_write_results()  # 0.4.1 raises here on failure
     if _is_wrapped_exception(results):  # 0.7.x returns (exception, traceback)
         raise RuntimeError(f"checkpoint worker failed: {results[0]}") from results[0]
-    return list(results)
+    results = list(results)
+    directory = getattr(writer, "checkpoint_dir", None) or getattr(writer, "path", None)
+    mismatch = results_mismatch(results, directory) if directory is not None else None
+    if mismatch:
+        raise RuntimeError(
+            f"checkpoint write results do not describe the files written ({mismatch}): results of "
+            "another save (NVRx's per-process results queue); this save is not committed"
+        )
+    return results
+
+
+def drain_stale_results() -> int:
+    """Discard what waits in NVRx's per-process write-results queue; how many were dropped (item 9).
+    Called just before a save is handed to the worker: this process has no other save in flight then,
+    so anything queued belongs to an earlier, abandoned save."""
+    import queue
+
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import filesystem_async
+
+    shared = getattr(filesystem_async, "_results_queue", None)
+    dropped = 0
+    while shared is not None:
+        try:
+            shared.get_nowait()
+        except queue.Empty:
+            break
+        except Exception:  # the Manager is gone (its worker was killed): nothing left to drain
+            break
+        dropped += 1
+    if dropped:
+        log.warning("dropped %d stale checkpoint write result(s) of an abandoned save", dropped)
+    return dropped
+
+
+def results_mismatch(results: list[Any], checkpoint_dir: Any) -> str | None:
+    """Why `results` cannot be this save's (None: they can). DCP's write results name, per item, the
+    file, offset and length it was written at; items of one save tile each data file from 0 to its end.
+    Results of another save of a state with the same keys name the same files at other offsets."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for result in results:
+        info = result.storage_data
+        spans.setdefault(str(info.relative_path), []).append((int(info.offset), int(info.length)))
+    for name, items in spans.items():
+        path = os.path.join(os.fspath(checkpoint_dir), name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            return f"{name} is missing"
+        end = 0
+        for offset, length in sorted(items):
+            if offset != end:
+                return f"{name}: an item at byte {offset}, the previous one ends at {end}"
+            end = offset + length
+        if end != size:
+            return f"{name}: the items end at byte {end}, the file has {size}"
+    return None
 
 
 def _children(pid: int) -> list[int]:
