@@ -357,8 +357,12 @@ class Driver:
         if self.sc.action == "kill-monitors":
             if any(e["ev"] == "step" and int(e["step"]) >= 3 for e in events):
                 procs = self.job.pod(0).processes()
-                launchers = _launchers(self.job.pod(0).pid, procs)
-                monitors = [p for p in procs if _ppid(p) in launchers and "ft_launcher" in _cmdline(p)]
+                main = self.job.pod(0).pid
+                # The rank monitors are ft_launcher's children that carry its command line. Under the
+                # supervisor ft_launcher is itself a child of the pod's main process with "ft_launcher" in
+                # its command line: counting the main process as their parent killed ft_launcher instead.
+                ft = _launchers(main, procs) - {main} or {main}
+                monitors = [p for p in procs if _ppid(p) in ft and "ft_launcher" in _cmdline(p)]
                 for pid in monitors:
                     os.kill(pid, signal.SIGKILL)
                 self.done = {"action": self.sc.action, "t": time.time(), "pids": sorted(monitors)}
