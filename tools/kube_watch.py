@@ -32,6 +32,9 @@ EXIT_MEANINGS = {
     93: "ft_launcher's do-not-restart verdict",
 }
 WATCH_WINDOW_S = 30  # one watch request's server-side timeout; the thread re-watches from where it was
+LOG_DRAIN_S = 10.0
+"""How long a followed Job's end waits for its pods' log streams to end (the API server closes a followed
+log when the container ends; its last lines may arrive after the Job's completion)."""
 _HTTP_GONE = 410
 
 
@@ -109,6 +112,7 @@ class Kube:
         self.api, self.namespace, self.log, self.logs_dir, self.clock = api, namespace, log, logs_dir, clock
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
+        self._log_threads: list[threading.Thread] = []
 
     # -- one-shot calls --------------------------------------------------------------------------
     def active_trainer_jobs(self) -> list[str]:
@@ -191,6 +195,7 @@ class Kube:
         # The Job's end can overtake the last pod updates: report them from one final list.
         for pod in self.core.list_namespaced_pod(self.namespace, label_selector=pods).items:
             self._on_pod(pod, phases, exits, following, feed, stop)
+        self.finish_logs()
         return JobOutcome(job, state, sorted(exits.values(), key=lambda e: (e.pod, not e.init, e.container)))
 
     def _on_pod(
@@ -261,16 +266,24 @@ class Kube:
                 lines: Iterable[str] = watch.Watch().stream(
                     self.core.read_namespaced_pod_log, pod, self.namespace, container="trainer", follow=True
                 )
+                # Read until the API server ends the stream (the container ended): stopping when the Job
+                # ended dropped the log's last lines, which arrive after the Job's completion under load.
                 with path.open("a") as out:
                     for line in lines:
                         out.write(line + "\n")
                         out.flush()
-                        if stop.is_set():
-                            return
             except Exception as exc:  # a log that cannot be read must not stop the smoke run
                 feed.put(("log-error", pod, repr(exc)))
 
-        threading.Thread(target=pump, name=f"log-{pod}", daemon=True).start()
+        thread = threading.Thread(target=pump, name=f"log-{pod}", daemon=True)
+        thread.start()
+        self._log_threads.append(thread)
+
+    def finish_logs(self, timeout_s: float = LOG_DRAIN_S) -> None:
+        """Wait (at most `timeout_s` in all) for the pods' log streams to end, so the log files are whole."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._log_threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _about(event: client.CoreV1Event, job: str) -> bool:
