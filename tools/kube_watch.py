@@ -183,7 +183,7 @@ class Kube:
                 if kind == "job":
                     state = job_state(obj)
                 elif kind == "pod" and event_type != "DELETED":
-                    started |= self._on_pod(obj, phases, exits, following, feed, stop)
+                    started |= self._on_pod(obj, phases, exits, following, feed)
                 elif kind == "log-error":
                     self.log(f"  cannot read the log of {event_type}: {obj}")
                 elif kind == "event" and _about(obj, job) and _since(obj, followed_from):
@@ -194,7 +194,7 @@ class Kube:
             stop.set()
         # The Job's end can overtake the last pod updates: report them from one final list.
         for pod in self.core.list_namespaced_pod(self.namespace, label_selector=pods).items:
-            self._on_pod(pod, phases, exits, following, feed, stop)
+            self._on_pod(pod, phases, exits, following, feed)
         self.finish_logs()
         return JobOutcome(job, state, sorted(exits.values(), key=lambda e: (e.pod, not e.init, e.container)))
 
@@ -205,7 +205,6 @@ class Kube:
         exits: dict[tuple[str, str], ContainerExit],
         following: set[str],
         feed: queue.Queue[tuple[str, str, Any]],
-        stop: threading.Event,
     ) -> bool:
         """Report a pod's phase change and new container exits; True once the pod has left Pending."""
         name, phase = pod.metadata.name, (pod.status.phase if pod.status else None) or "Unknown"
@@ -218,7 +217,7 @@ class Kube:
                 self.log(f"  {e.describe()}")
         if phase == "Running" and name not in following and self.logs_dir is not None:
             following.add(name)
-            self._spawn_log(name, feed, stop)
+            self._spawn_log(name, feed)
         return phase not in ("Pending", "Unknown")
 
     def _spawn(
@@ -254,7 +253,7 @@ class Kube:
 
         threading.Thread(target=pump, name=f"watch-{kind}", daemon=True).start()
 
-    def _spawn_log(self, pod: str, feed: queue.Queue[tuple[str, str, Any]], stop: threading.Event) -> None:
+    def _spawn_log(self, pod: str, feed: queue.Queue[tuple[str, str, Any]]) -> None:
         """Stream the trainer container's log of one pod into logs_dir/<pod>.log."""
         assert self.logs_dir is not None
         self.logs_dir.mkdir(parents=True, exist_ok=True)

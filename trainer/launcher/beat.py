@@ -19,15 +19,21 @@ from trainer.resilience.liveness import BEAT_INTERVAL_S, liveness_key, store_cli
 log = logging.getLogger(__name__)
 
 
-def rdzv_endpoint(argv: list[str]) -> str | None:
-    """The value of ft_launcher's --rdzv-endpoint (or --rdzv_endpoint) in `argv`, if any."""
+def launcher_option(argv: list[str], *names: str) -> str | None:
+    """The value of the first of ft_launcher's options `names` in `argv` (`--name value` or
+    `--name=value`), if any."""
     for i, arg in enumerate(argv):
-        for name in ("--rdzv-endpoint", "--rdzv_endpoint"):
+        for name in names:
             if arg == name and i + 1 < len(argv):
                 return argv[i + 1]
             if arg.startswith(name + "="):
                 return arg.split("=", 1)[1]
     return None
+
+
+def rdzv_endpoint(argv: list[str]) -> str | None:
+    """The value of ft_launcher's --rdzv-endpoint (or --rdzv_endpoint) in `argv`, if any."""
+    return launcher_option(argv, "--rdzv-endpoint", "--rdzv_endpoint")
 
 
 class LauncherBeat:

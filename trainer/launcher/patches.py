@@ -304,16 +304,10 @@ def launcher_poll_s(max_nodes: int | None) -> float:
 
 def max_nodes(argv: list[str]) -> int | None:
     """The largest node count of ft_launcher's `--nnodes` (MIN:MAX or N) in `argv`, if readable."""
-    for i, arg in enumerate(argv):
-        if arg == "--nnodes" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith("--nnodes="):
-            value = arg.split("=", 1)[1]
-        else:
-            continue
-        top = value.rsplit(":", 1)[-1]
-        return int(top) if top.isdigit() else None
-    return None
+    from trainer.launcher.beat import launcher_option
+
+    top = (launcher_option(argv, "--nnodes") or "").rsplit(":", 1)[-1]
+    return int(top) if top.isdigit() else None
 
 
 def quick_rendezvous_polls(barrier_module: Any, poll_s: float = HOST_POLL_S) -> bool:
