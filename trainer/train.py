@@ -79,6 +79,18 @@ class Trainer:
         self.caught: tuple[float, str] | None = None  # (when, why) this rank's last iteration failed
         self.failed_at = -1  # the step this rank's last iteration failed in (-1: before the first step)
         self.last_step = -1
+        self.completed: tuple[str | None] | None = None
+        """(final digest,) once every rank has passed the barrier after its `run_end`: the run is done."""
+
+    def _wind_down(self) -> None:
+        """After a restart that followed completion: the summary and the snapshot clean-up again (both
+        idempotent). Neither is worth failing a completed run for: a failure is logged, not raised."""
+        try:
+            if self.proc.rank == 0:
+                write_summary(self.cfg.run.out_dir)
+            self.snapshots.finish()
+        except Exception as exc:
+            log.warning("wind-down after completion failed again: %s", one_line(exc))
 
     def base_store(self) -> dist.Store:
         """The training PG's TCPStore (rank 0 hosts it), kept across in-process restarts."""
@@ -99,6 +111,14 @@ class Trainer:
         """One attempt: build, restore, train to the end; tears everything down before an exception leaves."""
         iteration = int(call_wrapper.iteration) if call_wrapper is not None else 0
         self.events.iteration = iteration
+        if self.completed is not None:
+            # The Wrapper restarted after every rank had finished training (a fault in the wind-down:
+            # summary, snapshot clean-up, teardown, the completion barrier): the final state is saved and
+            # its digest written, so training again would only write a second run_end.
+            log.warning("in-process restart after the run completed (%s): not training again", self.caught)
+            self.caught = None
+            self._wind_down()
+            return self.completed[0]
         if iteration > 0:
             t_caught, reason = self.caught or (time.time(), "restarted by the in-process Wrapper")
             self.events.emit("fault_detected", tier=1, reason=reason, t_caught=t_caught)
@@ -154,6 +174,7 @@ class Trainer:
                 **({"state_sha256": digest, "state_parts": parts} if parts is not None else {}),
             )
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
+            self.completed = (digest,)
             ping(call_wrapper)
             if self.proc.rank == 0:
                 write_summary(self.cfg.run.out_dir)

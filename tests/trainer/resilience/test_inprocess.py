@@ -8,6 +8,7 @@ step 6 (saves after steps 2, 5, 8) step 2 is surely committed and step 5 surely 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -106,3 +107,41 @@ def test_single_process_without_a_launcher_recovers_in_process(tmp_path: Path, t
     assert len({e["pid"] for e in evs}) == 1
     assert [r["step"] for r in of(evs, "restore", iteration=1)] == [2]
     assert of(evs, "run_end", status="completed", step=6)
+
+
+# A trainer whose snapshot clean-up after the last step raises once: a fault in the wind-down, after every
+# rank has written run_end and passed the barrier behind it.
+_WIND_DOWN_FAULT = """
+import sys
+from trainer.snapshot.manager import Snapshots
+finish, raised = Snapshots.finish, []
+def finish_once(self):
+    if not raised:
+        raised.append(1)
+        raise RuntimeError("injected: wind-down fault")
+    finish(self)
+Snapshots.finish = finish_once
+from trainer.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_fault_after_completion_does_not_train_again(tmp_path: Path, token_file: Path) -> None:
+    # Seen in CI under load: a restart after run_end re-ran the (empty) rest of the run and wrote a
+    # second run_end "completed" for rank 0. The run is done once every rank has passed that barrier.
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    args = trainer_args(token_file, out, "--snapshot-interval=1", f"--snapshot-dir={tmp_path / 'shm'}",
+                        steps=3)  # fmt: skip
+    assert args[:2] == ["-m", "trainer"], args
+    argv = [sys.executable, "-c", _WIND_DOWN_FAULT, *args[2:]]
+    assert run_job(argv, log) == 0, log_tail(log)
+    assert "injected: wind-down fault" in log.read_text()
+    evs = read_events(out)
+    assert [e["iteration"] for e in of(evs, "run_start")] == [0], "training ran again after completion"
+    (end,) = of(evs, "run_end")
+    assert end["status"] == "completed" and end["step"] == 2
+    assert not of(evs, "fault_detected"), "a wind-down fault is not a training fault"
+    assert "not training again" in log.read_text()
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    assert list((tmp_path / "shm").iterdir()) == [], "the clean-up was not finished after the restart"
