@@ -236,6 +236,11 @@ class NvrxBackend:
         staged = self.stager.stage(sd)  # the copy out of device memory: the loop waits only for this...
         return self.write_staged(staged, tmp, pg, None, progress=self.progress)
 
+    def worker_ready(self) -> bool:
+        """Whether a save handed over now would not wait for the worker's start-up (never blocks)."""
+        prewarm = NvrxBackend._prewarm
+        return self._queue_in_use is NvrxBackend._queue and (prewarm is None or not prewarm.is_alive())
+
     def wait_for_worker(
         self, progress: Callable[[], None] | None, cancel: threading.Event | None = None
     ) -> None:

@@ -12,10 +12,17 @@ demo, most of it planning and, for the first save of a process, NVRx's worker st
                           this run, rank and step; payload CRC32 after the copy; header unchanged), release
                           the slot; agree with the other ranks' threads that every copy is good (one
                           all_reduce on the writer's group: a rank that failed never leaves its peers
-                          in the planning collective); then the backend's `write_staged` (nvrx: wait for
-                          the worker, plan, schedule; torch-async: dcp.save) into the same directory as
-                          the direct path. The commit (manifest, signature, rename, retention, drain to
-                          FSx) is the manager's, unchanged.
+                          in the planning collective); then the backend's `write_staged` (nvrx: plan,
+                          schedule on the worker; torch-async: dcp.save) into the same directory as the
+                          direct path. The commit (manifest, signature, rename, retention, drain to FSx)
+                          is the manager's, unchanged.
+
+The same all_reduce asks whether every rank's NVRx worker is up. A worker starts in seconds on a quiet
+host but took 20-40 s in the demo on 2 loaded cores (a fresh interpreter importing torch beside four
+training ranks), so the first save of every process waited for it, and the next save, due before that one
+was committed, blocked the loop for 2.8-3.1 s. While any rank's worker is still starting, the save is
+written by the `fallback` backend instead (dcp.save in this thread: a few MB take milliseconds); the
+checkpoint is the same DCP checkpoint, its `.metadata` written by dcp.save instead of at commit.
 
 The checkpoint is bit for bit the one the direct path writes: the slot holds the same local shards, the
 skeleton the same non-tensor values (codec.py keeps tuples and key types), and the DTensor placements
@@ -79,7 +86,9 @@ class SnapshotWrite:
     step: int
     thread: threading.Thread | None = None
     inner: Any = None
-    """The inner backend's token, once write_staged returned."""
+    """The writing backend's token, once write_staged returned."""
+    backend: Any = None
+    """The backend that wrote it: the inner one, or the fallback while the inner one's worker starts."""
     error: BaseException | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     copied_s: float | None = None
@@ -91,8 +100,10 @@ class FromSnapshot:
 
     ABORT_JOIN_S = 2.0
 
-    def __init__(self, inner: Any, *, share_memory: bool) -> None:
+    def __init__(self, inner: Any, *, share_memory: bool, fallback: Any = None) -> None:
         self.inner = inner
+        self.fallback = fallback
+        """Writes a save while `inner.worker_ready()` is false on any rank (None: always the inner one)."""
         self.share_memory = share_memory  # nvrx: the worker process reads the staged copy
         self._buffers: list[torch.Tensor] = []
         self._current: SnapshotWrite | None = None
@@ -142,19 +153,22 @@ class FromSnapshot:
         try:
             # Every rank's thread reaches this collective whatever happened above, so a failed copy on one
             # rank fails the save on all of them without leaving any in the planning collective.
-            flag = torch.tensor([0 if problem is None else 1], dtype=torch.int64)
+            # ...and every rank writes with the same backend (planning and .metadata differ between them).
+            starting = self.fallback is not None and not self.inner.worker_ready()
+            flag = torch.tensor([0 if problem is None else 1, int(starting)], dtype=torch.int64)
             dist.all_reduce(flag, group=pg)
             if problem is not None:
                 message = f"snapshot of step {write.step} not reusable: {problem}"
                 raise CheckpointWriteError(message) from problem
-            if int(flag.item()) > 0:
+            if int(flag[0]) > 0:
                 raise CheckpointWriteError(f"another rank could not reuse its snapshot of step {write.step}")
             if write.cancel.is_set():
                 raise CheckpointWriteError("save aborted")
             assert staged is not None
             if begin is not None:
                 begin(staged)
-            write.inner = self.inner.write_staged(staged, dest, pg, write.cancel)
+            write.backend = self.fallback if int(flag[1]) > 0 else self.inner
+            write.inner = write.backend.write_staged(staged, dest, pg, write.cancel)
         except BaseException as exc:
             write.error = exc
 
@@ -196,13 +210,13 @@ class FromSnapshot:
             if isinstance(exc, CheckpointWriteError):
                 raise exc
             raise CheckpointWriteError(f"background write failed: {exc}") from exc
-        return bool(self.inner.done(token.inner))
+        return bool(token.backend.done(token.inner))
 
     def results(self, token: SnapshotWrite) -> Any:
-        return self.inner.results(token.inner)
+        return token.backend.results(token.inner)
 
     def finish(self, token: SnapshotWrite, gathered: list[Any]) -> None:
-        self.inner.finish(token.inner, gathered)
+        token.backend.finish(token.inner, gathered)
 
     def abort(self) -> None:
         """Stop the current write: the thread stops before writing (or its cancellable writer at its next
@@ -217,6 +231,8 @@ class FromSnapshot:
                         "checkpoint-from-snapshot thread of step %d still running after abort", write.step
                     )
         self.inner.abort()
+        if self.fallback is not None:
+            self.fallback.abort()
 
     def close(self, timeout_s: float) -> None:
         """Drop the staging buffers (the manager closes the inner backend itself)."""

@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import CheckpointException
 
 from trainer.checkpoint import layout, policy
-from trainer.checkpoint.backends import make_backend
+from trainer.checkpoint.backends import TorchAsyncBackend, make_backend
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
@@ -150,7 +150,11 @@ class CheckpointManager:
         )
         self._backend = make_backend(cfg.mode, cfg.write_timeout_s, self.hooks.progress)
         self._from_snapshot = (  # saves that reuse the snapshot of their step (from_snapshot.py)
-            FromSnapshot(self._backend, share_memory=cfg.mode == "nvrx")
+            FromSnapshot(
+                self._backend,
+                share_memory=cfg.mode == "nvrx",
+                fallback=TorchAsyncBackend() if cfg.mode == "nvrx" else None,
+            )
             if self._backend.reuses_snapshots
             else None
         )
@@ -429,7 +433,14 @@ class CheckpointManager:
             layout.discard(p.tmp)
             return False, f"{type(exc).__name__}: {exc}"
         if self.events is not None:
-            self.events.emit("ckpt_commit", step=p.step, path=str(final), total_s=time.perf_counter() - p.t0)
+            wrote_with = getattr(p.token, "backend", None)  # a save from a snapshot: which backend wrote it
+            self.events.emit(
+                "ckpt_commit",
+                step=p.step,
+                path=str(final),
+                total_s=time.perf_counter() - p.t0,
+                fallback=wrote_with is not None and wrote_with is getattr(p.backend, "fallback", None),
+            )
         return True, str(final)
 
     # ------------------------------------------------------------------------------------------- load
