@@ -116,9 +116,11 @@ SCENARIOS: dict[str, PodsScenario] = {
             ("node-loss:step=4:node=0",),
             "kill-rendezvous-then-launcher",
             snapshots=True,
-            steps=20,
             # The service is lost once node 0's replacement waits in the rendezvous (the driver waits
-            # for that): a quick replacement, so it comes before the run ends.
+            # for that), and a launcher 3 steps after: a quick replacement, and steps enough for a cold
+            # one. With 20, a replacement whose zygote took 51 s under make test's load joined after the
+            # last step; the service was lost then, the launcher never (make test, a slower machine).
+            steps=40,
             replace_delay_s=2.0,
         ),
         PodsScenario(
