@@ -83,14 +83,10 @@ class Trainer:
         """(final digest,) once every rank has passed the barrier after its `run_end`: the run is done."""
 
     def _wind_down(self) -> None:
-        """After a restart that followed completion: the summary and the snapshot clean-up again (both
-        idempotent). Neither is worth failing a completed run for: a failure is logged, not raised."""
-        try:
-            if self.proc.rank == 0:
-                write_summary(self.cfg.run.out_dir)
-            self.snapshots.finish()
-        except Exception as exc:
-            log.warning("wind-down after completion failed again: %s", one_line(exc))
+        """A completed run's summary (rank 0) and snapshot clean-up; both idempotent."""
+        if self.proc.rank == 0:
+            write_summary(self.cfg.run.out_dir)
+        self.snapshots.finish()
 
     def base_store(self) -> dist.Store:
         """The training PG's TCPStore (rank 0 hosts it), kept across in-process restarts."""
@@ -117,7 +113,10 @@ class Trainer:
             # its digest written, so training again would only write a second run_end.
             log.warning("in-process restart after the run completed (%s): not training again", self.caught)
             self.caught = None
-            self._wind_down()
+            try:  # not worth failing a completed run for: logged, not raised
+                self._wind_down()
+            except Exception as exc:
+                log.warning("wind-down after completion failed again: %s", one_line(exc))
             return self.completed[0]
         if iteration > 0:
             t_caught, reason = self.caught or (time.time(), "restarted by the in-process Wrapper")
@@ -176,9 +175,7 @@ class Trainer:
             dist.barrier()  # every rank's run_end is written before rank 0 summarizes
             self.completed = (digest,)
             ping(call_wrapper)
-            if self.proc.rank == 0:
-                write_summary(self.cfg.run.out_dir)
-            self.snapshots.finish()
+            self._wind_down()
             ping(call_wrapper)
             self.job = None
             session.teardown()
