@@ -14,6 +14,7 @@ ARG EFA_INSTALLER_VERSION=1.48.0
 # NVRx 0.5-0.7 ship only cp312 manylinux_2_39 wheels: Python 3.12 and glibc 2.39 (Ubuntu 24.04) needed.
 ARG NVRX_VERSION=0.7.0
 ARG PROMETHEUS_CLIENT_VERSION=0.26.0
+ARG XXHASH_VERSION=3.6.0
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
@@ -52,7 +53,8 @@ ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/ofi-nccl/lib/x86_64-lin
 RUN python -c "import numpy, torch; print(f'torch=={torch.__version__}'); print(f'numpy=={numpy.__version__}')" \
     > /etc/pip-base-constraints.txt \
  && cat /etc/pip-base-constraints.txt \
- && pip install "nvidia-resiliency-ext==${NVRX_VERSION}" "prometheus-client==${PROMETHEUS_CLIENT_VERSION}"
+ && pip install "nvidia-resiliency-ext==${NVRX_VERSION}" "prometheus-client==${PROMETHEUS_CLIENT_VERSION}" \
+    "xxhash==${XXHASH_VERSION}"
 
 # The trainer package last, so code changes rebuild only these layers. Its dependencies are installed
 # above (torch and numpy come from the base), hence --no-deps.
@@ -61,7 +63,7 @@ COPY pyproject.toml README.md ./
 COPY trainer/ ./trainer/
 RUN pip install --no-deps . \
  && cd / \
- && python -c "import torch, nvidia_resiliency_ext, trainer.config, trainer.metrics; print('torch', torch.__version__)" \
+ && python -c "import torch, nvidia_resiliency_ext, xxhash, trainer.config, trainer.metrics; print('torch', torch.__version__)" \
  && ft_launcher --help > /dev/null \
  && fi_info --version
 

@@ -12,8 +12,12 @@ measures with the real trainer.snapshot code:
                  next snapshot has to wait for them);
                  blocked_over_floor is the median of each snapshot's ratio to the floor copy before it;
 - commit_s:      that background part (CRC32 of the payload + header), measured by the following wait();
-- restore memory: offers (header + CRC verification) + load + set_state_dict, same process (tier 1);
-- restore shm:   the same from a fresh SnapshotStore on the files (what a restarted worker does);
+- restore memory: offers (headers) + load + set_state_dict, same process (tier 1): the slot this process
+                 committed is its own memory, its payload is not checksummed again (store.offers);
+- restore shm:   the same from a fresh SnapshotStore on the files (what a restarted worker does): the
+                 load checks the payload's XXH3-128 before copying it;
+- restore_over_floor: each restore from memory or shm against a floor copy beside it (the issue's
+                 target: restore from memory <= 2x a plain memcpy of the same bytes);
 - restore fsx:   CheckpointManager.load_latest of a sync DCP checkpoint of the same state (local disk here);
 - host_bytes:    the two slots a rank keeps (double buffering), the extra host memory per rank.
 With ``--faults N`` it also runs bench.recovery's faulted training runs with snapshots every step
@@ -101,18 +105,28 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
 
     def restore_from(s: SnapshotStore) -> float:
         t0 = time.perf_counter()
-        (offer, *_), _ = s.offers()
+        (offer, *_), _ = s.offers(verify_payload=False)  # as trainer/snapshot/restore.py: load checks
         template = build_save_dict(state, 0)
         skel, ts = codec.flatten(template)
         apply_loaded(state, s.load(offer, template, codec.layout_id(skel, codec.plan(ts)[0])), 0)
         return time.perf_counter() - t0
 
-    memory = [restore_from(store) for _ in range(reps)]
-    shm_times = []
+    def floor_copy() -> float:
+        t0 = time.perf_counter()
+        for b, t in zip(buffers, tensors, strict=True):
+            b.copy_(t)
+        return time.perf_counter() - t0
+
+    # Each restore beside a floor copy just before it (the paired ratio of the snapshots above).
+    memory, shm_times, restore_floor = [], [], []
+    for _ in range(reps):
+        restore_floor.append(floor_copy())
+        memory.append(restore_from(store))
     for _ in range(reps):
         fresh = SnapshotStore(shm, rank=0, world_size=1, fingerprint="bench")
         shm_times.append(restore_from(fresh))
         fresh.close()
+        restore_floor.append(floor_copy())
     ckpt = CheckpointManager(CheckpointConfig(dir=ckpt_dir, mode="sync"), rank=0, world_size=1)
     ckpt.save(0, state)
     fsx = []
@@ -133,6 +147,11 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
         "blocked_over_floor": statistics.median(b / f for b, f in zip(blocked, floor, strict=True)),
         "commit_s": spread(commit),
         "restore_s": {"memory": spread(memory), "shm": spread(shm_times), "fsx": spread(fsx)},
+        # Restores from host memory against the floor copy beside each (target: memory <= 2x).
+        "restore_over_floor": {
+            "memory": statistics.median(r / f for r, f in zip(memory, restore_floor[:reps], strict=True)),
+            "shm": statistics.median(r / f for r, f in zip(shm_times, restore_floor[reps:], strict=True)),
+        },
     }
 
 
@@ -228,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{mib:>5} MiB/rank: blocked {row['blocked_s']['median'] * 1e3:.1f} ms "
                 f"(floor {row['floor_s']['median'] * 1e3:.1f} ms, x{row['blocked_over_floor']:.2f}), "
                 f"commit {row['commit_s']['median'] * 1e3:.1f} ms, host {row['host_bytes'] / 2**20:.0f} MiB, "
-                f"restore memory {r['memory']['median']:.3f} s shm {r['shm']['median']:.3f} s "
+                f"restore memory {r['memory']['median']:.3f} s (x{row['restore_over_floor']['memory']:.2f}) "
+                f"shm {r['shm']['median']:.3f} s (x{row['restore_over_floor']['shm']:.2f}) "
                 f"fsx {r['fsx']['median']:.3f} s",
                 flush=True,
             )

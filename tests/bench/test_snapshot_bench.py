@@ -26,6 +26,8 @@ def test_one_size_measures_stall_floor_memory_and_every_restore_source(
     assert row["blocked_s"]["n"] == 2 and row["blocked_s"]["median"] > 0 and row["floor_s"]["median"] > 0
     assert set(row["restore_s"]) == {"memory", "shm", "fsx"}
     assert all(r["median"] > 0 for r in row["restore_s"].values())
+    assert set(row["restore_over_floor"]) == {"memory", "shm"}
+    assert all(x > 0 for x in row["restore_over_floor"].values())
     assert list((tmp_path / "shm").iterdir()) == []  # the slots are removed afterwards
 
 

@@ -61,6 +61,16 @@ def _snapshot():
     return {"rows": [row, big], "faults": faults, "config": {"reps": 3}, "note": "one CPU rank"}
 
 
+def test_restores_from_host_memory_are_set_against_the_floor_beside_them():
+    snap = _snapshot()
+    snap["rows"][0]["restore_over_floor"] = {"memory": 1.4, "shm": 3.2}
+    snap["rows"][1]["restore_over_floor"] = {"memory": 2.3, "shm": 3.5}
+    text = snapshots_section(snap, _stall())
+    assert "| 0.100 s (0.100-0.200), x1.40 | 0.200 s (0.200-0.300), x3.20 | 0.500 s (0.400-0.600) |" in text
+    assert "| 0.100 s (0.100-0.200), x2.30 (over 2) | 0.200 s (0.200-0.300), x3.50 |" in text
+    assert "restore from memory <= 2x" in text
+
+
 def _stall():
     return {
         "rows": [{"MiB/rank": 64, "mode": "nvrx", "blocked_s": _spread(0.049, 0.039, 0.059), "x floor": 6.06}]

@@ -3,7 +3,8 @@
 - config.py:  SnapshotConfig (interval, directory) and the run fingerprint (no torch: --check-config).
 - codec.py:   a checkpoint save dict <-> JSON skeleton + the rank's local tensors (FSDP2 shards).
 - store.py:   SnapshotStore: two slots per rank in files on tmpfs (/dev/shm), header written last,
-              CRC32 computed off the loop; offers only verified snapshots of this run, world size, rank.
+              XXH3-128 checksum computed off the loop; offers only snapshots of this run, world size,
+              rank whose headers verify (a load checks the payload).
 - budget.py:  do the slots fit in the pod's /dev/shm? (an UnrecoverableError naming snapshot_dir if not)
 - restore.py: every rank agrees on the newest step all can restore (memory, shm, peer, then the
               node-local checkpoint: trainer/checkpoint/local_restore.py), else the durable checkpoint;

@@ -227,7 +227,8 @@ class PeerReplicas:
                 errors.append(f"rank {holder}: {exc}")
                 continue
             self._reader = self._reader or self.pulled.reader(self.rank)
-            offers, rejected = self._reader.offers()
+            # checked on receipt (replica_shelf), and once more by the load that reads it
+            offers, rejected = self._reader.offers(verify_payload=False)
             offer = next((o for o in offers if o.header.step == step), None)
             if offer is not None:
                 return self._reader, offer

@@ -4,7 +4,7 @@ A replica is a byte-for-byte copy of the owner's slot file (trainer/snapshot/sto
 header, payload), kept as `rank<P>.slot<0|1>` under the owner's rank P, so that a SnapshotStore opened
 with rank=P verifies and loads it exactly like the owner's own snapshot (checksum, run, world size, rank,
 layout). Receiving is double buffered like the owner's writes: the bytes go to the slot not holding the
-owner's newest verified replica, the magic stays zero until the received payload's CRC32 matches the
+owner's newest verified replica, the magic stays zero until the received payload's checksum matches the
 header's, and the header is written last, so a sender that dies mid-transfer leaves the previous replica
 whole. The same class holds a pulled replica on the restoring side (`<dir>/pulled/`).
 """
@@ -17,11 +17,11 @@ import mmap
 import os
 import threading
 import traceback
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.snapshot.checksum import payload_checksum
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore, parse_header
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ def _fill_and_check(
                 or (h.fingerprint != shelf.fingerprint and "another run")
                 or (h.world_size != shelf.world_size and f"world size {h.world_size}")
                 or (HEADER_BYTES + h.payload_bytes != nbytes and "length differs from its header")
-                or (zlib.crc32(payload) != h.crc32 and "payload checksum mismatch")
+                or (payload_checksum(payload) != h.checksum and "payload checksum mismatch")
                 or None
             )
     except Exception as exc:  # the connection broke or timed out mid-transfer

@@ -9,8 +9,9 @@ What makes a slot trustworthy:
 - Double buffering: a write goes to the slot *not* holding the newest committed snapshot, so a fault at
   any moment of a write leaves the other slot whole.
 - The header is written last. A write first zeroes the slot's magic, copies the tensors, and a helper
-  thread computes the payload's CRC32 and then writes the header (JSON + its own CRC) and the magic.
-  A slot without its magic, or whose CRCs do not match, is never offered for a restore.
+  thread computes the payload's checksum (checksum.py) and then writes the header (JSON + its own CRC)
+  and the magic. A slot without its magic, or whose checksums do not match, is never loaded (a slot
+  this process committed and still holds is its own memory: its payload is not checked again, `offers`).
 - The header says whose it is: run fingerprint, world size, rank and layout id. A snapshot of another
   run, world size or rank is refused (with the reason), never loaded.
 
@@ -42,12 +43,14 @@ from typing import Any
 import torch
 
 from trainer.snapshot import codec
+from trainer.snapshot.checksum import payload_checksum
 
 log = logging.getLogger(__name__)
 
 HEADER_BYTES = 4096
 MAGIC = b"TRSNAP01"
-VERSION = 1
+VERSION = 2
+"""2: the payload's checksum is XXH3-128 (`checksum`), was zlib's CRC32 (`crc32`)."""
 _LEN = struct.Struct("<I")
 
 
@@ -60,7 +63,8 @@ class Header:
     layout: str
     tensor_bytes: int
     skeleton_bytes: int
-    crc32: int
+    checksum: str
+    """checksum.payload_checksum of the payload."""
     pid: int
     written_at: float
     version: int = VERSION
@@ -72,12 +76,14 @@ class Header:
 
 @dataclass(frozen=True)
 class Offer:
-    """A verified snapshot this rank can restore from."""
+    """A snapshot this rank can restore from: its header verified (run, world size, rank) and, unless
+    `offers(verify_payload=False)` made it, its payload's checksum too (`load` checks it then)."""
 
     slot: int
     header: Header
     written_here: bool
     """Written by this very process (an in-process restart): the source is `memory`, else `shm`."""
+    payload_verified: bool = True
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,8 @@ class SnapshotStore:
         self.rank, self.world_size, self.fingerprint = rank, world_size, fingerprint
         self.dir.mkdir(parents=True, exist_ok=True)
         self._maps: dict[int, _Mapping] = {}
-        self._written_here: dict[int, int] = {}  # slot -> step this process committed there
+        # slot -> (step, checksum) this process committed there: a header matching it is this process's own
+        self._written_here: dict[int, tuple[int, str]] = {}
         self._pending: _Ticket | None = None
         self._commit_thread: _Committer | None = None
         """One long-lived commit thread: starting a thread per snapshot made the loop wait for the new
@@ -313,8 +320,8 @@ class SnapshotStore:
             if done is not None:
                 done.synchronize()  # the asynchronous device-to-host copies have landed
             end = HEADER_BYTES + fields["tensor_bytes"] + fields["skeleton_bytes"]
-            crc = zlib.crc32(m.buf[HEADER_BYTES:end])  # releases the GIL: overlaps the next step
-            body = json.dumps({**fields, "crc32": crc, "written_at": time.time(), "version": VERSION})
+            digest = payload_checksum(m.buf[HEADER_BYTES:end])  # releases the GIL: overlaps the next step
+            body = json.dumps({**fields, "checksum": digest, "written_at": time.time(), "version": VERSION})
             raw = body.encode()
             if len(MAGIC) + 2 * _LEN.size + len(raw) > HEADER_BYTES:
                 raise ValueError("snapshot header does not fit in its 4 KiB")
@@ -324,7 +331,7 @@ class SnapshotStore:
             tail = at + _LEN.size + len(raw)
             m.buf[tail : tail + _LEN.size] = _LEN.pack(zlib.crc32(raw))
             m.buf[0 : len(MAGIC)] = MAGIC  # the moment the slot becomes valid
-            self._written_here[slot] = int(fields["step"])
+            self._written_here[slot] = (int(fields["step"]), digest)
             if self.on_commit is not None:
                 self.on_commit(slot, int(fields["step"]))
         except BaseException as exc:  # reported by the next wait(); the slot stays invalid
@@ -346,8 +353,15 @@ class SnapshotStore:
         return 1 if steps[0] > steps[1] else 0
 
     # ------------------------------------------------------------------------------------------- read
-    def offers(self) -> tuple[list[Offer], list[Rejected]]:
-        """Verified snapshots of this run and rank, newest first, and why the others were refused."""
+    def offers(self, *, verify_payload: bool = True) -> tuple[list[Offer], list[Rejected]]:
+        """Verified snapshots of this run and rank, newest first, and why the others were refused.
+
+        With `verify_payload=False` the payloads' checksums are left to `load`: a restore reads one
+        slot of the two, and checking both before the agreement doubled its time (a failed check in
+        `load` strikes that step off, as any failed load does). `load` then checks every slot but one
+        this very process committed and still holds unchanged (`written_here`: same step and checksum in
+        the header, same pid): its payload never left the process's own memory, so checking it again
+        guards no boundary, and on a 2-core machine it cost as much as the copy (memory bandwidth)."""
         self.wait()
         good, bad = [], []
         for slot in (0, 1):
@@ -356,12 +370,13 @@ class SnapshotStore:
                 if reason is not None:
                     bad.append(Rejected(slot, reason))
                 continue
-            reason = self._refusal(header) or self._payload_problem(slot, header)
+            reason = self._refusal(header) or self._payload_problem(slot, header, verify_payload)
             if reason is not None:
                 bad.append(Rejected(slot, reason))
                 continue
-            here = self._written_here.get(slot) == header.step and header.pid == os.getpid()
-            good.append(Offer(slot, header, here))
+            ours = self._written_here.get(slot) == (header.step, header.checksum)
+            here = ours and header.pid == os.getpid()
+            good.append(Offer(slot, header, here, verify_payload))
         good.sort(key=lambda o: o.header.step, reverse=True)
         return good, bad
 
@@ -376,12 +391,12 @@ class SnapshotStore:
             return f"rank {h.rank}'s snapshot, this is rank {self.rank}"
         return None
 
-    def _payload_problem(self, slot: int, h: Header) -> str | None:
+    def _payload_problem(self, slot: int, h: Header, checksum: bool = True) -> str | None:
         m = self._mapping(slot, None)
         end = HEADER_BYTES + h.payload_bytes
         if m is None or m.size < end:
             return "payload truncated"
-        if zlib.crc32(m.buf[HEADER_BYTES:end]) != h.crc32:
+        if checksum and payload_checksum(m.buf[HEADER_BYTES:end]) != h.checksum:
             return "payload checksum mismatch"
         return None
 
@@ -391,6 +406,9 @@ class SnapshotStore:
         h = offer.header
         if h.layout != expected_layout:
             raise ValueError(f"snapshot layout {h.layout} differs from this run's {expected_layout}")
+        unchecked = not offer.payload_verified and not offer.written_here  # see `offers`
+        if unchecked and (problem := self._payload_problem(offer.slot, h)) is not None:
+            raise ValueError(f"snapshot slot {offer.slot}: {problem}")  # before any byte is copied
         m, meta = self._contents(offer.slot, h)
         slots = [
             codec.TensorSlot(s["dtype"], tuple(s["shape"]), s["offset"], s["nbytes"]) for s in meta["tensors"]

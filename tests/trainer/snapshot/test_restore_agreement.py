@@ -7,6 +7,9 @@ pay for, and the one round it must keep.
 - A local step newer than the snapshot is still verified and wins.
 - A rank that pulls its state from a peer's replica does so only after one more round, in which every
   holder learned the channel key (without it a pull could reach a holder before its key and be refused).
+- A restore checksums the one slot it loads, not both (issue 27: verifying both before the agreement
+  doubled a restore from memory); a newest slot whose payload fails its checksum is found by that load,
+  before a byte of it reaches the state, and the group agrees on the older one.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ import torch.distributed as dist
 from tests.trainer._ckpt import make_state, snapshot, train_step
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, local_tier
 from trainer.checkpoint.state import build_save_dict
+from trainer.snapshot import store as store_module
 from trainer.snapshot.restore import restore
-from trainer.snapshot.store import SnapshotStore
+from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 
 COLLECTIVES = (
     "all_gather",
@@ -78,19 +82,22 @@ def _ckpt(root: Path) -> tuple[CheckpointLoop, CheckpointConfig]:
     return CheckpointLoop(mgr, cfg, Events(), rank=0, last_step=100), cfg
 
 
-def _saved_then_snapshotted(root: Path, mesh: Any, *, saved: int, snapshotted: int) -> dict[str, Any]:
-    """Train to max(saved, snapshotted); a durable (and local) checkpoint of `saved`, a snapshot of
-    `snapshotted`; returns the state of each step."""
+def _saved_then_snapshotted(
+    root: Path, mesh: Any, *, saved: int, snapshotted: int | tuple[int, ...]
+) -> dict[str, Any]:
+    """Train to the last step named; a durable (and local) checkpoint of `saved`, a snapshot of each step
+    in `snapshotted`; returns the state of each step."""
+    snapshotted = snapshotted if isinstance(snapshotted, tuple) else (snapshotted,)
     state, ckpt_loop, store = make_state(mesh), _ckpt(root)[0], _store(root)
     states = {}
     try:
-        for step in range(max(saved, snapshotted) + 1):
+        for step in range(max(saved, *snapshotted) + 1):
             train_step(state, step)
             states[step] = snapshot(state)
             if step == saved:
                 ckpt_loop.manager.save(step, state)
                 ckpt_loop.manager.wait()
-            if step == snapshotted:
+            if step in snapshotted:
                 store.write(step, build_save_dict(state, 0))
                 store.wait()
     finally:
@@ -136,6 +143,53 @@ def test_a_newer_local_step_is_verified_and_wins(
     assert (got.step, got.source) == (2, "local")
     assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[2].values(), strict=True))
     assert len(verified) == 1
+
+
+@pytest.fixture
+def checksummed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The payload bytes of every snapshot checksum computed (store.payload_checksum)."""
+    sizes: list[int] = []
+    real = store_module.payload_checksum
+
+    def counting(buf: Any) -> str:
+        sizes.append(len(buf))
+        return real(buf)
+
+    monkeypatch.setattr(store_module, "payload_checksum", counting)
+    return sizes
+
+
+def test_a_restore_checksums_only_the_slot_it_loads(
+    tmp_path: Path, one_rank: Any, counted: Counter[str], checksummed: list[int]
+) -> None:
+    states = _saved_then_snapshotted(tmp_path, one_rank, saved=0, snapshotted=(1, 2))
+    checksummed.clear()  # the writes' own commits
+    got, fresh = _restore(tmp_path, one_rank, counted)
+    assert (got.step, got.source) == (2, "shm")
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[2].values(), strict=True))
+    assert len(checksummed) == 1, f"{len(checksummed)} payloads checksummed for one restore"
+
+
+def test_a_newest_slot_that_fails_its_checksum_is_never_applied_and_the_older_one_wins(
+    tmp_path: Path, one_rank: Any, counted: Counter[str], checksummed: list[int]
+) -> None:
+    states = _saved_then_snapshotted(tmp_path, one_rank, saved=0, snapshotted=(1, 2))
+    reader = _store(tmp_path)
+    (newest, older), _ = reader.offers()
+    reader.close()
+    assert (newest.header.step, older.header.step) == (2, 1)
+    with open(tmp_path / "shm" / f"rank0.slot{newest.slot}", "r+b") as fh:  # one bit of a tensor flipped
+        fh.seek(HEADER_BYTES + 64)
+        byte = fh.read(1)
+        fh.seek(HEADER_BYTES + 64)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    checksummed.clear()
+    got, fresh = _restore(tmp_path, one_rank, counted)
+    assert (got.step, got.source) == (1, "shm")
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[1].values(), strict=True))
+    refusal = [r for r in got.refused if "step 2: ValueError" in r and "payload checksum mismatch" in r]
+    assert refusal, got.refused
+    assert len(checksummed) == 2 and counted["all_gather"] == 1 and counted["all_reduce"] == 2, counted
 
 
 class FakePeers:

@@ -16,6 +16,7 @@ import torch
 from trainer.checkpoint.state import apply_loaded, build_save_dict
 from trainer.errors import UnrecoverableError
 from trainer.snapshot import codec
+from trainer.snapshot import store as store_module
 from trainer.snapshot.budget import check_fits
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 
@@ -134,6 +135,52 @@ def test_a_flipped_byte_is_detected_and_the_other_slot_offered(tmp_path: Path) -
     offers, rejected = store(tmp_path).offers()
     assert [o.header.step for o in offers] == [0]
     assert [(r.slot, r.reason) for r in rejected] == [(1, "payload checksum mismatch")]
+
+
+def _load(s: SnapshotStore, offer: object, state: dict) -> dict:
+    template = build_save_dict(state, 0)
+    skeleton, tensors = codec.flatten(template)
+    return s.load(offer, template, codec.layout_id(skeleton, codec.plan(tensors)[0]))  # type: ignore[arg-type]
+
+
+def test_a_load_checks_the_payload_unless_this_process_committed_the_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[int] = []
+    real = store_module.payload_checksum
+    monkeypatch.setattr(store_module, "payload_checksum", lambda buf: checked.append(len(buf)) or real(buf))
+    a = make_state()
+    train(a, 1)
+    s = store(tmp_path)
+    s.write(0, build_save_dict(a, 0))
+    s.wait()
+    checked.clear()
+    # this process's own slot (tier 1): offered and loaded without reading the payload twice
+    (own,), _ = s.offers(verify_payload=False)
+    assert own.written_here and not own.payload_verified
+    b = make_state(seed=1)
+    apply_loaded(b, _load(s, own, b), 0)
+    assert digest(b) == digest(a) and checked == []
+    # the same slot seen by another process's store (tier 2): checked by the load, once
+    (theirs,), _ = store(tmp_path).offers(verify_payload=False)
+    assert not theirs.written_here
+    c = make_state(seed=2)
+    apply_loaded(c, _load(store(tmp_path), theirs, c), 0)
+    assert digest(c) == digest(a) and len(checked) == 1
+    # one flipped bit: offered on its header, refused by the load before a byte reaches the state
+    s.close()
+    with open(tmp_path / "shm" / "rank0.slot0", "r+b") as fh:
+        fh.seek(HEADER_BYTES + 100)
+        byte = fh.read(1)
+        fh.seek(HEADER_BYTES + 100)
+        fh.write(bytes([byte[0] ^ 0x01]))
+    reader = store(tmp_path)
+    (flipped,), _ = reader.offers(verify_payload=False)
+    d = make_state(seed=3)
+    before = digest(d)
+    with pytest.raises(ValueError, match="payload checksum mismatch"):
+        _load(reader, flipped, d)
+    assert digest(d) == before
 
 
 def test_snapshots_of_another_run_world_size_or_rank_are_refused(tmp_path: Path) -> None:
