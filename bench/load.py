@@ -11,8 +11,10 @@ processes took. `LoadMonitor` samples, every `interval_s`:
 and calls the difference *foreign* CPU: cores' worth of work that was not the benchmark. A part whose
 foreign load averaged more than `QUIET_FOREIGN_CORES` is marked `quiet: false`; `python -m bench`
 refuses to write such results into the committed results folder unless told to (`--allow-loaded`).
-A process that escaped the tree (reparented to init: a leaked checkpoint worker) counts as foreign,
-which is right: it competes with the benchmark all the same.
+A process that escaped the tree (reparented to init: a leaked checkpoint worker) counts as foreign
+from then on, which is right: it competes with the benchmark all the same. What it took while it was in
+the tree stays the benchmark's (`TreeCpu`): a pod whose main process is SIGKILLed orphans its workers, and
+counting their past CPU as foreign in that moment read as spikes of 6-7 cores on a quiet 2-core machine.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def machine_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / _TICK
 
 
-def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds incl. reaped children) of a process, None when it is gone."""
+def _stat(pid: int) -> tuple[int, float, int] | None:
+    """(parent pid, CPU seconds incl. reaped children, start time in ticks) of a process, None when gone."""
     try:
         text = (_PROC / str(pid) / "stat").read_text()
     except OSError:
@@ -49,26 +51,60 @@ def _stat(pid: int) -> tuple[int, float] | None:
     rest = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     ppid = int(rest[1])
     utime, stime, cutime, cstime = (int(x) for x in rest[11:15])
-    return ppid, (utime + stime + cutime + cstime) / _TICK
+    return ppid, (utime + stime + cutime + cstime) / _TICK, int(rest[19])
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds of `root` and its live descendants, each counting the children it has reaped."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    for entry in _PROC.iterdir():
-        if entry.name.isdigit():
-            got = _stat(int(entry.name))
-            if got is not None:
-                parents[int(entry.name)], cpu[int(entry.name)] = got
-    total = 0.0
-    for pid, seconds in cpu.items():
+def _in_tree(root: int, parents: dict[int, int]) -> set[int]:
+    """The pids of `root` and its live descendants."""
+    members = set()
+    for pid in parents:
         p, hops = pid, 0
         while p > 1 and p != root and hops < 64:
             p, hops = parents.get(p, 0), hops + 1
         if p == root:
-            total += seconds
-    return total
+            members.add(pid)
+    return members
+
+
+class TreeCpu:
+    """CPU seconds of `root`'s process tree, cumulative over successive `sample()` calls.
+
+    A process counts while it is in the tree; when it leaves without a parent in the tree to reap it
+    (orphaned to init, or reaped there), what it had taken until the last sample stays counted, and
+    what it takes afterwards does not. A process reaped by a parent in the tree is counted by that
+    parent's cutime/cstime, as in `tree_cpu_s`.
+    """
+
+    def __init__(self, root: int) -> None:
+        self.root = root
+        self._seen: dict[tuple[int, int], tuple[float, int]] = {}  # (pid, start) -> (cpu, ppid) last seen
+        self._kept = 0.0  # CPU of processes that left the tree
+
+    def sample(self) -> float:
+        stats = {}
+        for entry in _PROC.iterdir():
+            if entry.name.isdigit() and (got := _stat(int(entry.name))) is not None:
+                stats[int(entry.name)] = got
+        members = _in_tree(self.root, {pid: s[0] for pid, s in stats.items()})
+        now = {(pid, stats[pid][2]): (stats[pid][1], stats[pid][0]) for pid in members}
+        for key, (cpu, ppid) in self._seen.items():
+            if key in now:
+                continue
+            alive = key[0] in stats and stats[key[0]][2] == key[1]
+            if alive or ppid not in members:  # escaped, or gone with nobody in the tree to reap it
+                self._kept += cpu
+        self._seen = now
+        return self._kept + sum(cpu for cpu, _ in now.values())
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of `root` and its live descendants, each counting the children it has reaped."""
+    stats = {}
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit() and (got := _stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = got
+    members = _in_tree(root, {pid: s[0] for pid, s in stats.items()})
+    return sum(stats[pid][1] for pid in members)
 
 
 @dataclass
@@ -81,9 +117,11 @@ class LoadMonitor:
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _load_before: float = field(default=0.0, init=False)
+    _tree: TreeCpu | None = field(default=None, init=False)
 
     def start(self) -> LoadMonitor:
         self._load_before = os.getloadavg()[0]
+        self._tree = TreeCpu(self.root)
         self._samples.clear()
         self._stop.clear()
         self._sample()  # the baseline the first interval is measured from
@@ -96,7 +134,7 @@ class LoadMonitor:
             {
                 "t": time.monotonic(),
                 "busy": machine_busy_s(),
-                "own": tree_cpu_s(self.root),
+                "own": self._tree.sample() if self._tree is not None else tree_cpu_s(self.root),
                 "load": os.getloadavg()[0],
             }
         )

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from bench import __main__ as bench_main
-from bench.load import QUIET_FOREIGN_CORES, summarize, tree_cpu_s
+from bench.load import QUIET_FOREIGN_CORES, TreeCpu, summarize, tree_cpu_s
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
 
@@ -52,6 +52,43 @@ def test_a_process_outside_the_tree_is_not_counted_as_own(tmp_path: Path) -> Non
         time.sleep(0.1)
     # The short-lived parent's own start-up is ours; the orphan's second of CPU is not.
     assert tree_cpu_s(os.getpid()) - before < 0.9
+
+
+def _wait_for(path: Path, deadline: float) -> None:
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.exists(), f"{path.name} never appeared"
+
+
+def test_an_orphaned_descendant_keeps_its_past_cpu_in_the_tree_and_not_its_future(tmp_path: Path) -> None:
+    """A pod's main process killed orphans its workers: what they took in the tree stays the benchmark's
+    (before: the tree's CPU fell by it, read as a spike of foreign cores), what they take later is not."""
+    burned, go, again = tmp_path / "burned", tmp_path / "go", tmp_path / "again"
+    child = (
+        BURN.format(s=0.6)
+        + f"open({str(burned)!r}, 'w').close()\n"
+        + f"import os\nwhile not os.path.exists({str(again)!r}): time.sleep(0.02)\n"
+        + BURN.format(s=0.5)
+    )
+    parent = (
+        "import os, subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {child!r}])\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.02)\n"  # exits: the child is orphaned
+    )
+    tree = TreeCpu(os.getpid())
+    tree.sample()
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 30
+    _wait_for(burned, deadline)
+    in_tree = tree.sample()
+    go.touch()
+    proc.wait()
+    orphaned = tree.sample()
+    assert orphaned >= in_tree - 0.05, "the orphan's past CPU left the tree's count"
+    again.touch()
+    time.sleep(0.8)  # the orphan burns its 0.5 s and exits (reaped by init, outside the tree)
+    after = tree.sample()
+    assert orphaned >= 0.6 and after - orphaned < 0.3, (in_tree, orphaned, after)
 
 
 def test_summary_marks_a_part_loaded_by_foreign_cpu_only() -> None:
