@@ -32,7 +32,10 @@ from typing import Any
 
 from trainer.ports import free_port
 
-MODES = ("sync", "torch-async", "nvrx")
+MODES = ("sync", "torch-async", "nvrx", "nvrx-from-snapshot")
+"""The checkpoint modes, and `nvrx-from-snapshot`: the chart's default (nvrx with a snapshot every step),
+where each save is written from the snapshot of its step (trainer/checkpoint/from_snapshot.py) and what
+the loop waits for is the snapshot plus the save's hold of its slot, reported together."""
 LAYER_DIM = 1024  # one Linear(1024, 1024) = 4 MiB of fp32 weights, 4 / world_size MiB per rank
 
 
@@ -106,24 +109,43 @@ def _rank_main(rank: int, world_size: int, port: int, job: dict[str, Any], resul
         size_out: dict[str, Any] = {"local_mib": local_mib, "layers": n_layers, "floor_s": floor[1:]}
         for mode in job["modes"]:
             root = Path(job["dir"]) / f"{mib}mib-{mode}"
-            cfg = CheckpointConfig(dir=root, interval_steps=1, keep_latest=1, mode=mode, write_timeout_s=600)
+            from_snapshot = mode == "nvrx-from-snapshot"
+            kind = "nvrx" if from_snapshot else mode
+            cfg = CheckpointConfig(dir=root, interval_steps=1, keep_latest=1, mode=kind, write_timeout_s=600)
             mgr = CheckpointManager(cfg, rank=rank, world_size=world_size)
-            blocked, commit = [], []
+            snaps = _snapshots(Path(job["shm"]) / f"{mib}mib", rank, world_size) if from_snapshot else None
+            blocked, commit, snapshot_part = [], [], []
             for step in range(job["reps"] + 1):
                 dist.barrier()
                 t0 = time.perf_counter()
-                res = mgr.save(step, state)
+                snap = snaps.after_step(step, state) if snaps is not None else None
+                snapshot_part.append(_max_over_ranks(time.perf_counter() - t0))
+                res = mgr.save(step, state, snap.reusable if snap is not None else None)
+                held = time.perf_counter() - t0  # the snapshot and the save's hold: what the loop waits for
                 mgr.wait()
-                blocked.append(_max_over_ranks(res.blocked_s))
+                blocked.append(_max_over_ranks(held if snap is not None else res.blocked_s))
                 commit.append(_max_over_ranks(time.perf_counter() - t0))
             mgr.close()
+            if snaps is not None:
+                snaps.finish()
             size_out[mode] = {"first_save_s": blocked[0], "blocked_s": blocked[1:], "commit_s": commit[1:]}
+            if snaps is not None:  # of which the snapshot itself (the rest: the save's hold of the slot)
+                size_out[mode]["snapshot_s"] = snapshot_part[1:]
         out["sizes"][str(mib)] = size_out
         del model, state, sd
     if rank == 0:
         Path(result_path).write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _snapshots(directory: Path, rank: int, world_size: int) -> Any:
+    """A snapshot every step into `directory` (a tmpfs), no peer replication: the trainer's Snapshots."""
+    from trainer.snapshot.config import SnapshotConfig
+    from trainer.snapshot.manager import Snapshots
+
+    cfg = SnapshotConfig(interval_steps=1, dir=directory, replication=False)
+    return Snapshots(cfg, rank=rank, world_size=world_size, fingerprint="bench.ckpt_stall")
 
 
 def _max_over_ranks(value: float) -> float:
@@ -153,8 +175,12 @@ def measure(
             raise ValueError(f"modes: unknown mode {mode!r} (choose from {', '.join(MODES)})")
     if reps < 1 or world_size < 1 or not mib or min(mib) < 1:
         raise ValueError("reps, world_size and every mib must be >= 1")
-    with tempfile.TemporaryDirectory(prefix="ckpt-stall-", dir=directory) as tmp:
-        job = {"mib": list(mib), "reps": reps, "modes": list(modes), "dir": tmp, "device": device}
+    shm_root = "/dev/shm" if Path("/dev/shm").is_dir() else None  # snapshots live in host memory
+    with (
+        tempfile.TemporaryDirectory(prefix="ckpt-stall-", dir=directory) as tmp,
+        tempfile.TemporaryDirectory(prefix="ckpt-stall-snap-", dir=shm_root) as shm,
+    ):
+        job = {"mib": list(mib), "reps": reps, "modes": list(modes), "dir": tmp, "shm": shm, "device": device}
         result_path = str(Path(tmp) / "result.json")
         ctx = mp.start_processes(
             _rank_main,

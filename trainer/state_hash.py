@@ -52,15 +52,15 @@ def state_digests(entries: Mapping[str, Any]) -> dict[str, Any] | None:
     if dist.get_rank() != 0:
         return None
     out: dict[str, Any] = {}
+    digest = hashlib.sha256()
     for key, value in full.items():
         part = hashlib.sha256()
         hash_into(part, value)
         out[key] = part.hexdigest()
+        digest.update(f"<{key}>".encode() + part.digest())  # the parts' digests: the state is read once
     rows = [bytes(t.cpu().numpy().tobytes()) for t in gathered]
     for i, name in enumerate(names):
         out[name] = [row[32 * i : 32 * (i + 1)].hex() for row in rows]
-    digest = hashlib.sha256()
-    hash_into(digest, full)
     for rank, row in enumerate(rows):
         digest.update(f"<rank{rank}>".encode() + row[: 32 * len(states)])
     out["all"] = digest.hexdigest()

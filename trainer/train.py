@@ -35,7 +35,6 @@ from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports
 from trainer.session import ProcessInfo, Session, select_device
 from trainer.snapshot.manager import Snapshots
-from trainer.state_hash import state_digests
 from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
@@ -163,9 +162,8 @@ class Trainer:
                     f"({job.last_step + 1} of {self.cfg.run.steps} steps done): iterate job.loop(...) "
                     "to its end",
                 )
-            parts = state_digests(session.entries)
+            parts = None if job.final_digests is None else dict(job.final_digests)  # computed by job.loop
             digest = None if parts is None else parts.pop("all")
-            ping(call_wrapper)  # the full-state gather and hash may take long on a big model
             self.events.emit(
                 "run_end",
                 step=self.last_step,

@@ -19,7 +19,9 @@ def _summary(res: dict[str, Any] | None, scenario: str, key: str = "mttr_s") -> 
 
 
 def _stall_row(stall: dict[str, Any] | None) -> dict[str, Any] | None:
-    rows = [r for r in (stall or {}).get("rows", []) if r.get("mode") == "nvrx"]
+    every = (stall or {}).get("rows", [])
+    rows = [r for r in every if r.get("mode") == "nvrx-from-snapshot"]
+    rows = rows or [r for r in every if r.get("mode") == "nvrx"]
     return max(rows, key=lambda r: r["MiB/rank"]) if rows else None
 
 
@@ -43,11 +45,15 @@ def headline_section(
         ("tier 2: a rank killed, workers restarted by ft_launcher", rec, "sigkill/tier2"),
         ("a node lost, a hot spare takes its place", pods, "node-loss/spare"),
         ("a node lost, its state restored from a peer's replica", pods, "node-loss/peer"),
+        # node 0 (once the rendezvous host) lost, restored from a peer: make bench's pods part runs this one
+        ("a node lost (node 0), its state restored from a peer's replica", pods, "host-loss/peer"),
     ):
         add(what, _summary(res, scenario), f"`{scenario}`")
     row = _stall_row(stall)
     if row:
-        what = f"durable checkpoint stall, {row['MiB/rank']} MiB per rank (nvrx async)"
+        from_snapshot = row["mode"] == "nvrx-from-snapshot"
+        how = "nvrx, written from the step's snapshot" if from_snapshot else "nvrx async"
+        what = f"durable checkpoint stall, {row['MiB/rank']} MiB per rank ({how})"
         rows.append([what, fmt_spread(row["blocked_s"]), "checkpoint stall"])
     if plan:
         d = plan["default"]

@@ -29,10 +29,11 @@ def _ms(s: dict[str, Any] | None) -> str:
 
 
 def _durable(stall: dict[str, Any] | None, mib: int) -> tuple[str, str]:
-    """The default (nvrx) durable save's blocked time and its multiple of the floor at ``mib``."""
-    rows = [
-        r for r in (stall or {}).get("rows") or [] if r.get("MiB/rank") == mib and r.get("mode") == "nvrx"
-    ]
+    """The default durable save's blocked time (nvrx written from the step's snapshot, where measured;
+    else nvrx's direct path) and its multiple of the floor at ``mib``."""
+    at = [r for r in (stall or {}).get("rows") or [] if r.get("MiB/rank") == mib]
+    rows = [r for r in at if r.get("mode") == "nvrx-from-snapshot"]
+    rows = rows or [r for r in at if r.get("mode") == "nvrx"]
     if not rows:
         return "-", "-"
     return _ms(rows[0].get("blocked_s")), f"{float(rows[0]['x floor']):.2f}"
@@ -114,8 +115,9 @@ def snapshots_section(snap: dict[str, Any], stall: dict[str, Any] | None = None)
         "a background thread, *commit*); *x floor*: the median of each snapshot's ratio to the floor copy "
         "just before it (on this shared machine it swings between runs and sizes: read it as noise "
         "around the target, not as a measurement of it); *durable save*: the chart's default `nvrx` "
-        "checkpoint save of the same size per rank (bench.ckpt_stall, 2 ranks); *host memory*: the two "
-        "slots a rank keeps (double buffering), the extra host memory per rank; *restore*: verify, "
+        "checkpoint save of the same size per rank, written from the step's snapshot (bench.ckpt_stall's "
+        "`nvrx-from-snapshot`, 2 ranks: the snapshot and the save's hold of its slot); *host memory*: "
+        "the two slots a rank keeps (double buffering), the extra host memory per rank; *restore*: verify, "
         "load and apply, from "
         + ", ".join(f"{s} = {WHERE[s]}" for s in ("memory", "shm", "fsx"))
         + " (memory: the slot this process committed is its own memory, its payload is not checksummed "

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from trainer import spans
 from trainer.api import misuse, rng
+from trainer.state_hash import state_digests
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -83,6 +84,8 @@ class Job:
         self._looped = False
         self.finished = False
         """True once `loop` ran its last step and the final save committed."""
+        self.final_digests: dict[str, Any] | None = None
+        """The final state's digests (trainer/state_hash.py), on rank 0 once `loop` finished; else None."""
         self.last_step = -1
 
     # What the training function may read.
@@ -247,6 +250,10 @@ class Job:
             s.ckpt.after_step(step, entries, snap.reusable if snap is not None else None)
             self.ping()  # a save that blocked is progress too: each wait gets the whole soft timeout
         self._heartbeat.pause()  # no more steps: the final commit and the run's end: the static timeout
+        # The final state's digest (a collective) while the final save writes in the background: the run's
+        # tail is the longer of the two, not their sum (the save's agreement has its own group).
+        self.final_digests = state_digests(entries)
+        self.ping()  # the full-state gather and hash may take long on a big model
         s.ckpt.finish(entries)  # run_end follows only once the last step is committed
         self.ping()
         self.last_step = loop_state.step
