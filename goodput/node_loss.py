@@ -10,9 +10,9 @@ it, with a hot spare already up (its pod runs the zygote that imported the train
    ``bench.scale``'s fit (``python -m bench --only scale``), plus the chart's ``rdzvLastCallTimeout``
    (1 s: with hot spares the host waits that long for the previous round's nodes);
 3. process start: bench.recovery's measured tier-2 worker restart on CPU (``sigkill/tier2``, median
-   3.27 s, itself including a one-node rendezvous and a /dev/shm restore: an upper bound of the CPU
-   part), plus CUDA context creation and the sharded model build on a GPU node (assumption: 10 s;
-   not measured here: no GPU);
+   0.55 s on a quiet machine, 3.27 s in an earlier loaded run; itself including a one-node rendezvous
+   and a /dev/shm restore: an upper bound of the CPU part), plus CUDA context creation and the sharded
+   model build on a GPU node (assumption: 10 s; not measured here: no GPU);
 4. restore from the peer: the lost node's snapshot (8 GPUs x the per-GPU state) pulled from the node
    that keeps its replica over the pod network (assumption: 5 GB/s per node, half of the 100 Gbps a
    p5's pod network carries);
@@ -41,7 +41,8 @@ LAST_CALL_S = 1.0  # chart rdzvLastCallTimeout
 # its quick pass on a loaded 2-core machine (8-128 nodes): replaced by a scale.json given to
 # `rendezvous_fit_from`.
 RENDEZVOUS_FIT = {"a": 0.162, "k": 0.205}
-CPU_RESTART_S = 3.27  # bench.recovery sigkill/tier2 median (bench/results/recovery.json, 2026-11-30)
+# bench.recovery sigkill/tier2 median, quiet machine (bench/results/recovery.json, 2026-12-02; 3.27 s loaded)
+CPU_RESTART_S = 0.55
 GPU_START_S = 10.0  # assumption: CUDA context + FSDP2 model build on an H100 node
 STATE_GIB_PER_GPU = 405e9 * 16 / 16384 / 2**30  # as goodput.inputs: Llama 3 405B state over 16,384 GPUs
 PEER_GB_S = 5.0  # assumption: pod network rate of one node's pull
@@ -75,7 +76,7 @@ class NodeLossParts:
 SOURCES = {
     "detection_s": "chart inprocessLivenessTimeout (10 s): the Wrapper's monitor of a vanished rank",
     "rendezvous_s": "bench.scale fit of the barrier rendezvous round at N nodes + rdzvLastCallTimeout (1 s)",
-    "process_start_s": "bench.recovery sigkill/tier2 on CPU (3.27 s) + 10 s CUDA/model build (assumed)",
+    "process_start_s": "bench.recovery sigkill/tier2 on CPU (0.55 s) + 10 s CUDA/model build (assumed)",
     "restore_s": "8 x 0.37 GiB (Llama 3 405B state per GPU at 16k GPUs) over 5 GB/s (assumed)",
     "collective_start_s": "stock NCCL init ~265 s at 96k GPUs (arXiv:2510.20171), scaled linearly (assumed)",
 }
