@@ -107,3 +107,27 @@ def test_a_new_service_process_has_a_new_epoch(tmp_path: Path) -> None:
             assert second.wait(timeout=30) == 0  # SIGTERM ends it cleanly
     finally:
         first.kill()
+
+
+@pytest.mark.parametrize(("exit_with", "status"), [("0", 0), ("3", 3), ("None", 0), ("'no nodes'", 1)])
+def test_ft_launcher_ends_with_nvrx_exit_code_and_no_interpreter_teardown(
+    tmp_path: Path, exit_with: str, status: int
+) -> None:
+    """A launcher that finished aborted in the interpreter's teardown (SIGABRT), and the supervisor
+    started it again over a completed run: trainer.launcher.ft now exits with NVRx's code at once."""
+    torn = tmp_path / "teardown-ran"
+    script = (
+        "import atexit, pathlib, sys\n"
+        "from nvidia_resiliency_ext.fault_tolerance import launcher\n"
+        f"atexit.register(lambda: pathlib.Path({str(torn)!r}).write_text('x'))\n"
+        f"launcher.main = lambda: sys.exit({exit_with})\n"
+        "from trainer.launcher import ft\n"
+        "ft.main(['ft_launcher', '--nproc-per-node=1', 'train.py'])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert not torn.exists(), "the interpreter's teardown ran after NVRx's main"
+    if status == 1:
+        assert "no nodes" in proc.stderr
