@@ -54,6 +54,15 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
     return ppid, (utime + stime + cutime + cstime) / _TICK, int(rest[19])
 
 
+def _all_stats() -> dict[int, tuple[int, float, int]]:
+    """`_stat` of every process there is."""
+    stats = {}
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit() and (got := _stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = got
+    return stats
+
+
 def _in_tree(root: int, parents: dict[int, int]) -> set[int]:
     """The pids of `root` and its live descendants."""
     members = set()
@@ -81,10 +90,7 @@ class TreeCpu:
         self._kept = 0.0  # CPU of processes that left the tree
 
     def sample(self) -> float:
-        stats = {}
-        for entry in _PROC.iterdir():
-            if entry.name.isdigit() and (got := _stat(int(entry.name))) is not None:
-                stats[int(entry.name)] = got
+        stats = _all_stats()
         members = _in_tree(self.root, {pid: s[0] for pid, s in stats.items()})
         now = {(pid, stats[pid][2]): (stats[pid][1], stats[pid][0]) for pid in members}
         for key, (cpu, ppid) in self._seen.items():
@@ -99,10 +105,7 @@ class TreeCpu:
 
 def tree_cpu_s(root: int) -> float:
     """CPU seconds of `root` and its live descendants, each counting the children it has reaped."""
-    stats = {}
-    for entry in _PROC.iterdir():
-        if entry.name.isdigit() and (got := _stat(int(entry.name))) is not None:
-            stats[int(entry.name)] = got
+    stats = _all_stats()
     members = _in_tree(root, {pid: s[0] for pid, s in stats.items()})
     return sum(stats[pid][1] for pid in members)
 
@@ -117,7 +120,7 @@ class LoadMonitor:
     _stop: threading.Event = field(default_factory=threading.Event, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _load_before: float = field(default=0.0, init=False)
-    _tree: TreeCpu | None = field(default=None, init=False)
+    _tree: TreeCpu = field(init=False)
 
     def start(self) -> LoadMonitor:
         self._load_before = os.getloadavg()[0]
@@ -134,7 +137,7 @@ class LoadMonitor:
             {
                 "t": time.monotonic(),
                 "busy": machine_busy_s(),
-                "own": self._tree.sample() if self._tree is not None else tree_cpu_s(self.root),
+                "own": self._tree.sample(),
                 "load": os.getloadavg()[0],
             }
         )
