@@ -119,11 +119,13 @@ def _rank_main(rank: int, world_size: int, port: int, job: dict[str, Any], resul
                 dist.barrier()
                 t0 = time.perf_counter()
                 snap = snaps.after_step(step, state) if snaps is not None else None
-                snapshot_part.append(_max_over_ranks(time.perf_counter() - t0))
+                snapped = time.perf_counter() - t0
                 res = mgr.save(step, state, snap.reusable if snap is not None else None)
                 held = time.perf_counter() - t0  # the snapshot and the save's hold: what the loop waits for
                 mgr.wait()
                 blocked.append(_max_over_ranks(held if snap is not None else res.blocked_s))
+                if snap is not None:
+                    snapshot_part.append(_max_over_ranks(snapped))
                 commit.append(_max_over_ranks(time.perf_counter() - t0))
             mgr.close()
             if snaps is not None:
