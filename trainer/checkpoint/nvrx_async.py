@@ -22,7 +22,9 @@ function here is a pass-through (or adds nothing), so the GPU path is NVRx as sh
 5. `FileSystemWriterAsync.retrieve_write_results()` raises on a failed write in 0.4.1 and returns a
    wrapped exception in 0.7.x. -> `write_results_or_raise` turns both into one RuntimeError.
 6. 0.4.1 starts the worker lazily on the first save (~3-4 s of imports in the first save's blocked time);
-   0.7.x has `warmup_persistent_caller`. -> `prewarm` starts it with a no-op request on both.
+   0.7.x has `warmup_persistent_caller`. -> `prewarm` starts it with a no-op request on both, and has
+   the write-results Manager unpickle one DCP result meanwhile (`warm_results_manager`): the first
+   save's results made it import DCP inside that save (1.2-1.4 s on a quiet host).
 7. `maybe_finalize_async_calls` returns the `call_idx` field of the stored request, which is never set
    (always 0) in both versions. -> `poll_pending` returns how many calls are still unfinished instead.
 8. When the trainer is SIGKILLed (tier-2 faults do exactly that), the worker, its forked writers and the
@@ -288,6 +290,25 @@ PREWARM_POLL_S = 0.05
 """How often the warm-up looks whether the worker has run its first request."""
 
 
+def warm_results_manager(results_queue: Any) -> None:
+    """Have the write-results Manager import what a save's results need, now rather than in a save.
+
+    The Manager is a spawned server process that unpickles every item put into its queue. The first
+    save's write results are DCP `WriteResult`s, and unpickling them imports torch there: the worker's
+    `put` waited 1.2-1.4 s for it on a quiet host (cProfile of the worker's first write), the first
+    save's commit took 16 s in the demo on 2 loaded cores, and the next save blocked the loop for up to
+    0.8 s waiting for it. One result of the same classes, put and taken back, pays that at start-up.
+    Nothing else uses the queue meanwhile: no save of this process is handed to the worker until the
+    warm-up thread is done (NvrxBackend.worker_ready)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    result = WriteResult(MetadataIndex("warm-up"), size_in_bytes=0, storage_data=_StorageInfo("-", 0, 0))
+    results_queue.put({0: [result]})
+    results_queue.get()
+
+
 def prewarm(queue: Any) -> None:
     """Start the persistent worker (and the write-results Manager) now instead of inside the first save;
     the worker watches the trainer and cleans up if it dies."""
@@ -307,6 +328,8 @@ def prewarm(queue: Any) -> None:
             if process is not None and process.pid:
                 manager_pids.append(int(process.pid))
         queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
+        if getter is not None:  # while the worker starts
+            warm_results_manager(results_queue)
         # The request is handed over before the spawned worker has even imported torch (0.16 s here, of a
         # start-up of 6.5 s on a quiet host and 20-40 s on a loaded one): the worker is up, and a save
         # handed to it is not queued behind its start-up, once it has run the request. Nobody else uses
