@@ -12,6 +12,22 @@ from trainer.model import ModelConfig, build_model
 SMALL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
 
 
+class Events:
+    """Records what a checkpoint or snapshot component emits: `seen` as event dicts, `records` as
+    (name, fields) pairs; `of(name)` the fields of one kind."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self.records: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(self, ev: str, **fields: Any) -> None:
+        self.seen.append({"ev": ev, **fields})
+        self.records.append((ev, fields))
+
+    def of(self, ev: str) -> list[dict[str, Any]]:
+        return [f for e, f in self.records if e == ev]
+
+
 class Counter:
     """A minimal trainer Stateful: a step and this process's RNG state."""
 

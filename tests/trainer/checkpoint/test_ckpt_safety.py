@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.trainer._ckpt import SMALL, Counter
+from tests.trainer._ckpt import SMALL, Counter, Events
 from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager, layout
 from trainer.model import ModelConfig, build_model
 
@@ -30,19 +30,6 @@ WIDER = ModelConfig(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, 
 
 class RankShouldRestart(BaseException):
     """What the in-process Wrapper raises asynchronously in the main thread."""
-
-
-class Events:
-    """Records what the checkpoint loop emits."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, dict[str, Any]]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.records.append((ev, fields))
-
-    def of(self, ev: str) -> list[dict[str, Any]]:
-        return [f for e, f in self.records if e == ev]
 
 
 @pytest.fixture

@@ -19,23 +19,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer._ckpt import SMALL, Counter
+from tests.trainer._ckpt import SMALL, Counter, Events
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, layout
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.model import build_model
 from trainer.security import keys
 from trainer.security.mac import sign
-
-
-class Events:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, dict[str, Any]]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.records.append((ev, fields))
-
-    def of(self, ev: str) -> list[dict[str, Any]]:
-        return [f for e, f in self.records if e == ev]
 
 
 class Planted:

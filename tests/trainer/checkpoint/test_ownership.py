@@ -19,21 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from tests.trainer._ckpt import SMALL, Counter
+from tests.trainer._ckpt import SMALL, Counter, Events
 from tests.trainer._jobs import log_tail, run_job, torchrun, trainer_args
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, layout
 from trainer.checkpoint import lease as lease_mod
 from trainer.checkpoint.lease import Lease
 from trainer.errors import UnrecoverableError
 from trainer.model import build_model
-
-
-class Events:
-    def __init__(self) -> None:
-        self.records: list[tuple[str, dict[str, Any]]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.records.append((ev, fields))
 
 
 def _state(mesh: Any, seed: int = 0) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from tests.trainer._ckpt import make_state, snapshot, train_step
+from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
 from trainer.snapshot.config import SnapshotConfig
@@ -32,14 +32,6 @@ from trainer.snapshot.manager import Snapshots
 pytestmark = pytest.mark.slow
 
 STEPS, LOST_AFTER = 6, 3
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.seen.append({"ev": ev, **fields})
 
 
 def _digest(state: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.trainer._ckpt import make_state, snapshot, train_step
+from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, local_tier
 from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot import store as store_module
@@ -37,14 +37,6 @@ COLLECTIVES = (
     "broadcast",
     "barrier",
 )
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.seen.append({"ev": ev, **fields})
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 
+from tests.trainer._ckpt import Events
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
 from trainer.checkpoint.state import build_save_dict
@@ -27,14 +28,6 @@ from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 pytestmark = pytest.mark.slow
 
 SMALL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.seen.append({"ev": ev, **fields})
 
 
 class Step:

@@ -25,7 +25,7 @@ import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from tests.trainer._ckpt import make_state, snapshot, train_step
+from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
 from trainer.snapshot import replica_net
@@ -43,14 +43,6 @@ EXPECTED = {  # case -> (step restored, source on rank 0, source on rank 1)
     "transit": (2, "shm", "peer"),
     "corrupt": (2, "fsx", "fsx"),
 }
-
-
-class Events:
-    def __init__(self) -> None:
-        self.seen: list[dict[str, Any]] = []
-
-    def emit(self, ev: str, **fields: Any) -> None:
-        self.seen.append({"ev": ev, **fields})
 
 
 def _digest(state: dict[str, Any]) -> str:
