@@ -1,8 +1,10 @@
-"""The exactness check's digest: a sha256 of the full (unsharded) model and optimizer state, and of every
+"""The exactness check's digest: a sha256 over the full (unsharded) model and optimizer state, and of every
 rank's other checkpointed state (data position, RNG streams, scheduler, the team's entries).
 
 Two runs that end with the same digest hold bit-identical weights, optimizer moments and loop state;
 the tests compare a faulted run's digest with a fault-free one's (rank 0's `run_end` event carries it).
+The model and optimizer are hashed where they lie, shard by shard (state_digest_sharded.py: no rank
+gathers the state), and the value does not depend on the sharding.
 """
 
 from __future__ import annotations
@@ -13,24 +15,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+from trainer.state_digest_sharded import sharded_digests
 
 
 def state_digests(entries: Mapping[str, Any]) -> dict[str, Any] | None:
-    """sha256 of the full (unsharded) model and optimizer state of `entries` and of every rank's other
+    """sha256 over the full (unsharded) model and optimizer state of `entries` and of every rank's other
     entries (the loop's step, data position and RNG streams, the scheduler, the team's state). On rank 0:
     {"all": the digest, "model": .., "optim": .., "<entry>": [one per rank], ...} (hex), so that a run
     that diverged says where; None on the other ranks. A collective."""
     model, optim = entries["model"], entries["optim"]
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = {
-        "model": get_model_state_dict(model, options=opts),
-        "optim": get_optimizer_state_dict(model, optim, options=opts),
-    }
+    device = next(model.parameters()).device
+    full = sharded_digests(
+        {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optim)}, device
+    )
     # The per-rank entries differ between ranks: each rank hashes its own, rank 0 gathers all of them.
     states = {name: entries[name].state_dict() for name in sorted(entries) if name not in ("model", "optim")}
     own = bytearray()
@@ -45,19 +44,17 @@ def state_digests(entries: Mapping[str, Any]) -> dict[str, Any] | None:
         hash_into(part, value)
         own += part.digest()
     names = [*states, *fine]
-    device = next(model.parameters()).device
     mine = torch.frombuffer(own, dtype=torch.uint8).to(device) if own else torch.zeros(0, dtype=torch.uint8)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, mine)
     if dist.get_rank() != 0:
         return None
+    assert full is not None
     out: dict[str, Any] = {}
     digest = hashlib.sha256()
     for key, value in full.items():
-        part = hashlib.sha256()
-        hash_into(part, value)
-        out[key] = part.hexdigest()
-        digest.update(f"<{key}>".encode() + part.digest())  # the parts' digests: the state is read once
+        out[key] = value.hex()
+        digest.update(f"<{key}>".encode() + value)
     rows = [bytes(t.cpu().numpy().tobytes()) for t in gathered]
     for i, name in enumerate(names):
         out[name] = [row[32 * i : 32 * (i + 1)].hex() for row in rows]
