@@ -12,7 +12,7 @@ collective per tensor. That took 0.7-0.9 s for the tiny preset on 4 CPU ranks, a
 and grows with the model: 70B parameters with their two Adam moments are 840 GB to gather to one host
 and hash with one core (minutes), where this reads each rank's shard once.
 
-The per-element hash is splitmix64's finalizer over (bits xor a position key): not cryptographic. Two
+The per-element hash is a multiply-xorshift finalizer over (bits xor a position key): not cryptographic. Two
 states that differ by chance (non-determinism, a lost step) differ here but for a ~2**-128 chance; a
 state built to collide with another is not what this check is for.
 """
@@ -51,10 +51,11 @@ def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64's finalizer, on int64 with wrapping arithmetic."""
-    x = (x ^ _shr(x, 30)) * _C1
-    x = (x ^ _shr(x, 27)) * _C2
-    return x ^ _shr(x, 31)
+    """Two multiply-xorshift rounds (MurmurHash3's 64-bit finalizer, less its first shift), on int64
+    with wrapping arithmetic: few passes over the data, which is what the digest's time is."""
+    x = x * _C1
+    x = (x ^ _shr(x, 32)) * _C2
+    return x ^ _shr(x, 32)
 
 
 def _words(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -133,22 +134,25 @@ def _pieces(locals_: list[_Local | None]) -> Iterator[tuple[int, torch.Tensor, t
             yield number, local.words[start:stop], local.index(start, stop)
 
 
-def _batches(locals_: list[_Local | None]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(tensor numbers, words, indices) of about CHUNK units each: many small tensors in one batch."""
-    numbers: list[torch.Tensor] = []
+def _batches(
+    locals_: list[_Local | None],
+) -> Iterator[tuple[list[int], list[int], torch.Tensor, torch.Tensor]]:
+    """(tensor numbers, their unit counts, words, indices) of about CHUNK units each: many small tensors
+    in one batch, large ones in slices."""
+    numbers: list[int] = []
+    counts: list[int] = []
     words: list[torch.Tensor] = []
     indices: list[torch.Tensor] = []
-    size = 0
     for number, w, i in _pieces(locals_):
-        numbers.append(torch.full_like(w, number))
+        numbers.append(number)
+        counts.append(w.numel())
         words.append(w)
         indices.append(i)
-        size += w.numel()
-        if size >= CHUNK:
-            yield torch.cat(numbers), torch.cat(words), torch.cat(indices)
-            numbers, words, indices, size = [], [], [], 0
-    if size:
-        yield torch.cat(numbers), torch.cat(words), torch.cat(indices)
+        if sum(counts) >= CHUNK:
+            yield numbers, counts, torch.cat(words), torch.cat(indices)
+            numbers, counts, words, indices = [], [], [], []
+    if counts:
+        yield numbers, counts, torch.cat(words), torch.cat(indices)
 
 
 def tensor_limbs(keys: list[str], tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -159,16 +163,14 @@ def tensor_limbs(keys: list[str], tensors: list[torch.Tensor]) -> torch.Tensor:
         return out
     locals_ = [_local_part(t) for t in tensors]
     seeds = torch.tensor([[_seed(k, lane) for lane in range(LANES)] for k in keys], dtype=torch.int64)
-    for numbers, words, index in _batches(locals_):
-        # Sums per tensor by running sums (exact, in order; index_add_ with repeated indices raced across
-        # threads and gave another digest now and then): a batch's tensors sit in runs, in order.
-        ends = torch.cat(
-            [torch.nonzero(numbers[1:] != numbers[:-1]).flatten(), torch.tensor([numbers.numel() - 1])]
-        )
-        which = numbers[ends]
+    for numbers, counts, words, index in _batches(locals_):
+        # Sums per piece by running sums (exact, in order; index_add_ with repeated indices raced across
+        # threads and gave another digest now and then).
+        which = torch.tensor(numbers)
+        ends = torch.tensor(counts).cumsum(0) - 1
         spread = index * _GOLDEN
         for lane in range(LANES):
-            h = _mix(words ^ _mix(spread ^ seeds[numbers, lane]))
+            h = _mix(words ^ (spread + torch.repeat_interleave(seeds[which, lane], torch.tensor(counts))))
             for limb in range(_LIMBS):
                 running = (_shr(h, _LIMB_BITS * limb) & _LIMB_MASK).cumsum(0)[ends]  # < 2**54: exact
                 out[which, lane, limb] += torch.diff(running, prepend=torch.zeros(1, dtype=torch.int64))
