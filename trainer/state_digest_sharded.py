@@ -143,14 +143,16 @@ def _batches(
     counts: list[int] = []
     words: list[torch.Tensor] = []
     indices: list[torch.Tensor] = []
+    size = 0
     for number, w, i in _pieces(locals_):
         numbers.append(number)
         counts.append(w.numel())
         words.append(w)
         indices.append(i)
-        if sum(counts) >= CHUNK:
+        size += w.numel()
+        if size >= CHUNK:
             yield numbers, counts, torch.cat(words), torch.cat(indices)
-            numbers, counts, words, indices = [], [], [], []
+            numbers, counts, words, indices, size = [], [], [], [], 0
     if counts:
         yield numbers, counts, torch.cat(words), torch.cat(indices)
 
