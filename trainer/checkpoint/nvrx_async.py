@@ -290,8 +290,6 @@ PREWARM_POLL_S = 0.05
 """How often the warm-up looks whether the worker has run its first request."""
 
 
-MANAGER_NICE = 19
-"""The write-results Manager's nice value: it only relays the writer's results, one small item a save."""
 WORKER_START_NICE = 9
 """The persistent worker's nice value from its spawn on. NVRx lowers its own priority to 10 once it is up
 (`_set_process_qos`, a relative step that warns when there is none to take, hence 9, not 10); until
@@ -301,10 +299,13 @@ then the spawned interpreter imports torch at the trainer's priority."""
 def yield_to_training(pid: int, nice: int) -> None:
     """Lower a helper process's CPU priority to `nice` (never raise it).
 
-    NVRx's worker and its write-results Manager are spawned interpreters: each imports torch (about 2 s
-    of CPU) when a trainer process starts, which is a run's start-up or a restart's restore. At the
-    trainer's priority, on a node whose cores the ranks keep busy, that import is taken from the
-    restore it runs beside; niced, it takes only what the ranks leave."""
+    NVRx's worker is a spawned interpreter: it imports torch (about 2 s of CPU) when a trainer process
+    starts, which is a run's start-up or a restart's restore. At the trainer's priority, on a node whose
+    cores the ranks keep busy, that import is taken from the restore it runs beside.
+
+    Not the write-results Manager: a trainer that exits waits for the Manager's reply to its shutdown,
+    and at nice 19 on a loaded host its torch import (the warm-up's) starved for over 120 s, so a rank
+    that gave up at start-up did not exit (seen in a fresh-clone `make test`)."""
     try:
         if os.getpriority(os.PRIO_PROCESS, pid) < nice:
             os.setpriority(os.PRIO_PROCESS, pid, nice)
@@ -349,8 +350,6 @@ def prewarm(queue: Any) -> None:
             process = getattr(getattr(results_queue, "_manager", None), "_process", None)
             if process is not None and process.pid:
                 manager_pids.append(int(process.pid))
-        for pid in manager_pids:
-            yield_to_training(pid, MANAGER_NICE)
         queue.schedule_async_request(AsyncRequest(_watch_trainer, (os.getpid(), manager_pids), []))
         worker = worker_process(queue)
         if worker is not None and worker.pid:
