@@ -148,16 +148,6 @@ class CheckpointManager:
         self._write_pg: dist.ProcessGroup | None = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=max(cfg.collective_timeout_s, cfg.write_timeout_s))
         )
-        self._backend = make_backend(cfg.mode, cfg.write_timeout_s, self.hooks.progress)
-        self._from_snapshot = (  # saves that reuse the snapshot of their step (from_snapshot.py)
-            FromSnapshot(
-                self._backend,
-                share_memory=cfg.mode == "nvrx",
-                fallback=TorchAsyncBackend() if cfg.mode == "nvrx" else None,
-            )
-            if self._backend.reuses_snapshots
-            else None
-        )
         self._pending: _Pending | None = None
         self._fingerprint: str | None = None
         self._unloadable: set[str] = set()  # committed checkpoints that failed to load in this process
@@ -169,7 +159,21 @@ class CheckpointManager:
         if rank == 0:
             cfg.dir.mkdir(parents=True, exist_ok=True)
         self.lease = Lease(cfg.dir, job_uid())
-        self.lineage = self._claim()  # before any step: a directory another live job holds stops the run
+        # Before any step, and before the writers: a directory another live job holds stops the run, and
+        # a run that stops here has started no helper process (NVRx's worker and its write-results
+        # Manager) that its exit would have to wait for (a fresh-clone `make test` saw a refused job still
+        # alive after 120 s, its exit waiting on the Manager's start-up).
+        self.lineage = self._claim()
+        self._backend = make_backend(cfg.mode, cfg.write_timeout_s, self.hooks.progress)
+        self._from_snapshot = (  # saves that reuse the snapshot of their step (from_snapshot.py)
+            FromSnapshot(
+                self._backend,
+                share_memory=cfg.mode == "nvrx",
+                fallback=TorchAsyncBackend() if cfg.mode == "nvrx" else None,
+            )
+            if self._backend.reuses_snapshots
+            else None
+        )
         if self.local is not None:
             self.local.lineage, self.local.job = self.lineage, self.lease.job
             self.local.prune_foreign()
@@ -188,7 +192,8 @@ class CheckpointManager:
         dist.broadcast_object_list(verdict, src=self._global_rank0(), group=self._group())
         kind, what, lineage = verdict[0]
         if kind != "ok":
-            self.close()
+            self._hasher.shutdown(wait=False)
+            self._destroy_groups()
             raise UnrecoverableError("ckpt_dir", what)
         self.lease.job = what
         return str(lineage)
@@ -505,6 +510,11 @@ class CheckpointManager:
         if self._from_snapshot is not None:
             self._from_snapshot.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
+        self._destroy_groups()
+        log.debug("checkpoint manager closed in %.3f s", time.perf_counter() - t0)
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def _destroy_groups(self) -> None:
         groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])
         for group in groups:
             if group is None:
@@ -514,9 +524,7 @@ class CheckpointManager:
             except Exception as exc:  # the default group may be gone already
                 log.debug("destroying a checkpoint group: %s", exc)
         self._pg = self._write_pg = None
-        log.debug("checkpoint manager closed in %.3f s", time.perf_counter() - t0)
 
-    # ---------------------------------------------------------------------------------------- helpers
     def _seal(self, p: _Pending) -> None:
         """Seal the written save on the local tier and start its drain (drain.py); a save that cannot be
         sealed is aborted like a failed write."""
