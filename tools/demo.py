@@ -31,7 +31,7 @@ from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import active_at, role_changes, takeover_after
 from tools.podcommand import LOCAL_KEY_FILES
-from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod
+from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod, with_trainer_options
 from tools.recovery_phases import describe, launcher_events, phases, warm_starts
 from tools.timeline import draw
 from trainer.metrics import read_events, write_summary
@@ -134,8 +134,6 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
         "OUT_DIR": str(fsx / "runs"),
         # The pod's /tmp scratch volume (the root filesystem is read-only): one folder per local pod.
         "HOME": str(out / f"scratch-node{index}"),
-        # The pod's memory-backed /dev/shm: one per pod, and empty in a replacement pod (see run_pods).
-        "SNAPSHOT_DIR": str(out / f"shm-pod{index}" / "trainer-snapshots"),
         **LOCAL_KEY_FILES,  # no key Secrets here: the trainer's local fallbacks
     }
     env = {**container.env, **{k: v for k, v in local.items() if k in container.env}}
@@ -145,6 +143,18 @@ def local_env(container: Container, out: Path, index: int, rdzv_port: int) -> di
     env["GROUP_RANK"] = str(index)
     Path(local["HOME"]).mkdir(parents=True, exist_ok=True)  # as the kubelet creates the emptyDir
     return env
+
+
+def shm_dir(out: Path, index: int) -> Path:
+    """The pod's memory-backed /dev/shm: one per local pod, and empty in a replacement pod (see run_pods).
+    On the cluster the trainer's snapshot directory is its default inside the pod's /dev/shm; the pods
+    here share one host, so each is given its own."""
+    return out / f"shm-pod{index}" / "trainer-snapshots"
+
+
+def local_argv(container: Container, env: dict[str, str], out: Path, index: int) -> list[str]:
+    """The argv the kubelet would exec, with local places and, for the trainer, the pod's own /dev/shm."""
+    return with_trainer_options(container.resolved_argv(env), [f"--snapshot-dir={shm_dir(out, index)}"])
 
 
 def process_env(pod_env: dict[str, str]) -> dict[str, str]:
@@ -162,7 +172,7 @@ def run_init_containers(pod: PodTemplate, out: Path, rdzv_port: int) -> None:
         env = local_env(container, out, 0, rdzv_port)
         started = time.monotonic()
         proc = subprocess.run(
-            container.resolved_argv(env),
+            local_argv(container, env, out, 0),
             env=process_env(env),
             cwd=REPO,
             capture_output=True,
@@ -217,11 +227,11 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
         specs.append(
             PodSpec(
                 f"{pod.job_name}-{index}",
-                pod.trainer.resolved_argv(env),
+                local_argv(pod.trainer, env, out, index),
                 process_env(env),
                 out / "logs" / f"pod-{index}.log",
                 # A replacement pod is a new node: its /dev/shm and NVMe hold nothing of the lost one.
-                fresh_dirs=tuple(Path(env[k]) for k in ("SNAPSHOT_DIR", "LOCAL_CHECKPOINT_DIR") if k in env),
+                fresh_dirs=(shm_dir(out, index), Path(env["LOCAL_CHECKPOINT_DIR"])),
             )
         )
 

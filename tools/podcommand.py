@@ -4,8 +4,10 @@ and the benchmarks, so what they run cannot drift from what a pod runs (Contract
 ``pod_argv(values, places)`` renders k8s/ with ``helm template`` and the given chart values, takes the
 trainer container's argv (``[python -m trainer.launcher] ft_launcher ... -m trainer ...``) and expands
 its ``$(VAR)`` references the way the kubelet does, with the env entries that name cluster places
-(rendezvous endpoint, data, checkpoint and output paths) swapped for local ones; ``ft_launcher`` and
-``python`` come from this virtualenv.
+(rendezvous endpoint, data, checkpoint and output paths) swapped for local ones, and gives the trainer a
+snapshot directory of the run's own (the chart names none: a pod's is the trainer's default in its
+/dev/shm, which local "pods" on one host would share); ``ft_launcher`` and ``python`` come from this
+virtualenv.
 ``trainer_argv`` is the part after the launcher (``-m trainer ...``), for runs under torchrun or alone.
 Both end with the entry point's own arguments when the values set ``entrypointArgs``: ``--`` and each
 argument exactly as written (the chart doubles every ``$`` so that the kubelet's expansion, and
@@ -26,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from tools.podspec import PodTemplate, load_manifests, trainer_pod
+from tools.podspec import PodTemplate, load_manifests, trainer_pod, with_trainer_options
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "k8s"
@@ -62,6 +64,15 @@ class LocalPlaces:
     """The pod's /dev/shm. Default: ``<out_dir>-shm``, one per run (tools/localpods.py node_places: one
     per pod)."""
 
+    @property
+    def shm(self) -> Path:
+        return self.snapshot_dir or self.out_dir.parent / f"{self.out_dir.name}-shm"
+
+    def trainer_options(self) -> list[str]:
+        """What a local run gives the trainer beyond the pod command: a snapshot directory of its own
+        (on the cluster, the trainer's default in the pod's /dev/shm)."""
+        return [f"--snapshot-dir={self.shm}"]
+
     def env(self) -> dict[str, str]:
         out = self.out_dir
         return {
@@ -70,9 +81,6 @@ class LocalPlaces:
             "OUT_DIR": str(out),
             "CHECKPOINT_DIR": str(self.ckpt_dir or out / "ckpt"),
             "LOCAL_CHECKPOINT_DIR": str(self.local_ckpt_dir or out.parent / f"{out.name}-local"),
-            # The pod's memory-backed /dev/shm on the cluster; one folder per run here, so runs never
-            # see each other's snapshots.
-            "SNAPSHOT_DIR": str(self.snapshot_dir or out.parent / f"{out.name}-shm"),
             # The key Secrets the chart mounts (docs/design.md Contract 5) are not here: empty, the trainer
             # uses its local fallbacks.
             **LOCAL_KEY_FILES,
@@ -106,7 +114,7 @@ def _render(values_json: str) -> PodTemplate:
 def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
     """The trainer container's argv as the kubelet would exec it, with local places and launcher."""
     trainer = render(values).trainer
-    argv = trainer.resolved_argv(places.env())
+    argv = with_trainer_options(trainer.resolved_argv(places.env()), places.trainer_options())
     options, _ = split_entry_args(argv)
     if "$(" in " ".join(options):
         raise RenderError(f"unexpanded $(VAR) left in the pod command: {argv}")

@@ -50,6 +50,16 @@ def expand(text: str, env: dict[str, str]) -> str:
     return _VAR_REF.sub(substitute, text)
 
 
+def with_trainer_options(argv: list[str], options: list[str]) -> list[str]:
+    """`argv` with `options` given to the trainer first (right after `-m trainer`), the way a local run
+    adds what the chart leaves to the trainer's defaults (its snapshot directory); unchanged when `argv`
+    does not run the trainer."""
+    for i in range(len(argv) - 1):
+        if argv[i : i + 2] == ["-m", "trainer"]:
+            return [*argv[: i + 2], *options, *argv[i + 2 :]]
+    return list(argv)
+
+
 def load_manifests(rendered: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 

@@ -79,7 +79,6 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 - --ckpt-failure-limit={{ int $v.ckptFailureLimit }}
 - {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
 - --snapshot-interval={{ int $v.snapshotInterval }}
-- --snapshot-dir=$(SNAPSHOT_DIR)
 - {{ ternary "--snapshot-replication" "--no-snapshot-replication" $v.snapshotReplication }}
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
 - {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
@@ -155,8 +154,6 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
   value: {{ printf "%s/checkpoints/%s" (include "trainer.localNvmeMount" .) $run | quote }}
 - name: OUT_DIR
   value: {{ printf "%s/runs/%s" (trimSuffix "/" $v.storage.mountPath) $run | quote }}
-- name: SNAPSHOT_DIR
-  value: /dev/shm/trainer-snapshots
 - name: PYTHONUNBUFFERED
   value: "1"
 - name: NCCL_DEBUG

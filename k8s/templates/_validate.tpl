@@ -183,7 +183,6 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
       "RDZV_ENDPOINT" "set by the chart (pod 0, rdzvPort)" "JOB_ID" "set by the chart (the release's full name)"
       "DATA_PATH" "set by the chart from dataPath" "CHECKPOINT_DIR" "set by the chart from storage.mountPath and runName"
       "LOCAL_CHECKPOINT_DIR" "set by the chart from runName" "OUT_DIR" "set by the chart from storage.mountPath and runName"
-      "SNAPSHOT_DIR" "set by the chart (the pod's /dev/shm)"
       "NCCL_DEBUG" "set it with ncclDebug" "NCCL_SOCKET_IFNAME" "set it with ncclSocketIfname"
       "PYTHONUNBUFFERED" "set by the chart" "FI_PROVIDER" "set by the chart from efaPerNode"
       "FI_EFA_USE_DEVICE_RDMA" "set by the chart from efaPerNode" "FI_EFA_USE_HUGE_PAGE" "set by the chart from hugepages2Mi"

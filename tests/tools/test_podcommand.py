@@ -36,6 +36,10 @@ def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
     rendered = trainer_container(render({**LOCAL_VALUES, **VALUES}, release="local", namespace="local"))
     raw = [*rendered["command"], *rendered["args"]]
     got = pod_argv(VALUES, PLACES)
+    # The one argument a local run adds: a snapshot directory of its own (a pod's is the trainer's
+    # default in its /dev/shm), given to the trainer first.
+    added = got.index("trainer") + 1
+    assert got.pop(added) == "--snapshot-dir=/runs/r1-shm"
     assert len(got) == len(raw)
     # The chart's default wraps the launcher in the prefork wrapper; both run from this virtualenv.
     assert raw[:4] == ["python", "-m", "trainer.launcher", "ft_launcher"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_container
+from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_container, workload_pod_spec
 from trainer.components import CHART_TABLE, COMPONENTS, chart_values
 from trainer.config import TrainConfig, make_parser
 from trainer.settings import declared
@@ -116,8 +116,27 @@ def test_a_value_set_through_the_table_arrives_in_its_field(tmp_path: Path) -> N
     assert rendered == {r.flag for r in CHART_TABLE}
     env = env_of(container)
     assert {r.value for r in CHART_TABLE if r.is_place} <= set(env)
-    # The one place with a fixed path on the cluster: the chart's is the trainer's default.
-    assert env["SNAPSHOT_DIR"] == str(SNAPSHOT_DEFAULT_DIR)
+
+
+def test_the_snapshot_directory_is_the_trainers_default_inside_the_pods_memory_mount() -> None:
+    """One definition of the path (trainer/snapshot/config.py): the chart names no snapshot directory, and
+    the trainer's default lies on the pod's memory-backed emptyDir, so snapshots cost no disk and
+    outlive the worker process, not the pod."""
+    manifests = render(chart_values({"snapshot.interval_steps": 2}))
+    container = trainer_container(manifests)
+    assert not [a for a in container["args"] if a.startswith("--snapshot-dir")], container["args"]
+    assert "SNAPSHOT_DIR" not in env_of(container)
+    memory = {
+        v["name"]
+        for v in workload_pod_spec(manifests)["volumes"]
+        if v.get("emptyDir", {}).get("medium") == "Memory"
+    }
+    holders = [
+        m["mountPath"]
+        for m in container["volumeMounts"]
+        if m["name"] in memory and SNAPSHOT_DEFAULT_DIR.is_relative_to(m["mountPath"])
+    ]
+    assert holders == ["/dev/shm"], container["volumeMounts"]
 
 
 def test_chart_values_refuses_a_field_no_chart_value_renders() -> None:

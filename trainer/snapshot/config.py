@@ -11,8 +11,10 @@ from trainer.checkpoint.policy import is_due
 from trainer.settings import check, setting
 
 DEFAULT_DIR = Path("/dev/shm/trainer-snapshots")
-"""In the pod's memory-backed /dev/shm. The chart renders this path as the pod's SNAPSHOT_DIR place
-(Contract 2: local runs swap it); tests/trainer/config/test_chart_table.py keeps the two equal."""
+"""In the pod's memory-backed /dev/shm. The one definition of this path: the chart mounts /dev/shm (a
+memory emptyDir) and names no snapshot directory, so a pod uses this default; local runs, several "pods"
+on one host, pass `--snapshot-dir` (tools/podcommand.py). tests/trainer/test_config_chart_table.py checks
+that the chart's memory-backed mount holds it."""
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,7 @@ class SnapshotConfig:
         chart="snapshotInterval",
     )
     """Snapshot every this many steps into host memory; 0 turns snapshots off."""
-    dir: Path = setting(
-        "--snapshot-dir", "memory-backed dir for the snapshots", default=DEFAULT_DIR, place="SNAPSHOT_DIR"
-    )
+    dir: Path = setting("--snapshot-dir", "memory-backed dir for the snapshots", default=DEFAULT_DIR)
     """Where the slots live: a memory-backed filesystem (the pod's /dev/shm) so they outlive the
     worker process yet cost no disk. One directory per node; files are named by global rank."""
     replication: bool = setting(
