@@ -297,6 +297,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "planner_predicted_efficiency": prediction["predicted_efficiency"],
         "planner_lost": prediction["lost"],
         "loss_breakdown_s": loss_terms(summary),
+        "slow_steps": summary["slow_steps"],
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
             "stall_median_s": stall["median"],
@@ -424,10 +425,34 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         f"(goodput planner predicts {r['planner_predicted_efficiency']:.1%} from the measured "
         "MTTR and stall)",
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
+        *describe_slow_steps(r["slow_steps"]),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
     ]
     print("\n".join(lines), flush=True)
+
+
+def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
+    """The slow steps (trainer.metrics slow_steps): counted as productive above, named here."""
+    if not slow["steps"]:
+        return []
+    return [
+        f"slow steps    {len(slow['steps'])} steps ({step_ranges(slow['steps'])}) ran "
+        f"{slow['over_median_s']:.1f} s beyond the median step ({slow['median_s']:.2f} s), inside the "
+        "productive time (what else ran on the same cores: new processes' helpers starting, background "
+        "checkpoint writes)"
+    ]
+
+
+def step_ranges(steps: list[int]) -> str:
+    """`0-4, 16, 36-38` for [0, 1, 2, 3, 4, 16, 36, 37, 38]."""
+    runs: list[list[int]] = []
+    for step in sorted(steps):
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def describe_loss(terms: dict[str, float], wall_s: float) -> str:

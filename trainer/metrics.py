@@ -336,6 +336,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "productive_s": productive_s,
         "training_efficiency": productive_s / wall_s if wall_s > 0 else None,
         "step_s": _stats(durations),
+        "slow_steps": slow_steps(kept),
         "ckpt": {
             "saves": len(per_save),
             "stall_s": _stats(s["blocked_s"] for s in per_save),
@@ -355,6 +356,33 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "loss_s": loss,
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
+    }
+
+
+SLOW_STEP_FACTOR = 2.0
+"""A kept step that took over this many times the median step is a slow one (slow_steps)."""
+
+
+def slow_steps(kept: list[dict[str, Any]]) -> dict[str, Any]:
+    """The kept steps that took over SLOW_STEP_FACTOR x the median, and their time beyond the median.
+
+    Productive time is the kept steps' whole duration, however slow: a step that a neighbour slowed down
+    is not in the loss breakdown. This names it. In the demo (4 ranks and their helpers on 2 cores) the
+    first steps after each process start ran 2-9x the median while the new processes' helpers (NVRx's
+    checkpoint worker, its write-results Manager, a replacement pod's zygote) imported torch beside them,
+    and the steps after a durable save 2x while its background write ran; on a GPU node the helpers have
+    CPU cores of their own and a step is GPU work."""
+    durations = [float(s["t_end"]) - float(s["t_start"]) for s in kept]
+    if not durations:
+        return {"median_s": None, "steps": [], "over_median_s": 0.0}
+    median = statistics.median(durations)
+    slow = [
+        (int(s["step"]), d) for s, d in zip(kept, durations, strict=True) if d > SLOW_STEP_FACTOR * median
+    ]
+    return {
+        "median_s": median,
+        "steps": [step for step, _ in slow],
+        "over_median_s": math.fsum(d - median for _, d in slow),
     }
 
 

@@ -101,3 +101,12 @@ def test_trainer_pod_from_the_rendered_chart_runs_ft_launcher_with_local_places(
 def test_trainer_pod_rejects_manifests_without_a_job() -> None:
     with pytest.raises(ValueError, match="expected one trainer Job"):
         trainer_pod([{"kind": "Service", "metadata": {"name": "x"}}])
+
+
+def test_the_report_names_the_slow_steps_as_ranges() -> None:
+    from tools.demo import describe_slow_steps, step_ranges
+
+    assert step_ranges([38, 0, 1, 2, 16, 36, 37]) == "0-2, 16, 36-38"
+    assert describe_slow_steps({"median_s": 0.5, "steps": [], "over_median_s": 0.0}) == []
+    (line,) = describe_slow_steps({"median_s": 0.5, "steps": [0, 1, 7], "over_median_s": 4.25})
+    assert line.startswith("slow steps    3 steps (0-1, 7) ran 4.2 s beyond the median step (0.50 s)"), line

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainer.metrics import COMMON_FIELDS, EventLog, read_events, summarize, write_summary
+from trainer.metrics import COMMON_FIELDS, EventLog, read_events, summarize, summarize_events, write_summary
 
 
 def _write(path: Path, events: list[dict[str, Any]], torn_tail: bool = False) -> None:
@@ -129,6 +129,24 @@ def test_snapshot_stall_in_the_breakdown_counts_the_slowest_node_inside_the_run(
     loss = summarize(tmp_path)["loss_s"]
     assert loss["snapshot_stall"] == pytest.approx(0.2) and loss["tail"] == pytest.approx(0.3)
     assert loss["other"] == pytest.approx(3.5 - 2.0 - 1.0 - 0.2 - 0.3)
+
+
+def test_slow_steps_names_the_kept_steps_over_twice_the_median_and_their_time_beyond_it(
+    tmp_path: Path,
+) -> None:
+    durations = [3.0, 1.0, 1.0, 2.5, 1.0, 1.0, 2.0]  # median 1.0: steps 0 and 3 are slow, 6 is not (2x)
+    t, events = 0.0, []
+    for step, d in enumerate(durations):
+        events.append(_step(step, t, t + d))
+        t += d
+    events.append(_step(3, t, t + 5.0, restart=1))  # step 3 redone: only its kept (last) run counts
+    _write(tmp_path / "events.rank0.jsonl", events)
+    s = summarize(tmp_path)
+    slow = s["slow_steps"]
+    assert slow["median_s"] == pytest.approx(1.0)
+    assert slow["steps"] == [0, 3]
+    assert slow["over_median_s"] == pytest.approx((3.0 - 1.0) + (5.0 - 1.0))
+    assert summarize_events([])["slow_steps"] == {"median_s": None, "steps": [], "over_median_s": 0.0}
 
 
 def test_tier_is_inferred_when_no_rank_reported_the_fault(tmp_path: Path) -> None:
