@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
         CLAIM_FILE_ENV,
         EPOCH_FILE_ENV,
         LAUNCHER_ID_ENV,
+        record_service_after_failure,
         write_epoch_when_reachable,
     )
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
@@ -80,6 +81,13 @@ def main(argv: list[str]) -> int:
     try:
         launcher.main()  # NVRx's main ends with sys.exit(its exit code)
     except SystemExit as done:
+        if endpoint and epoch_file and done.code not in (0, None):
+            # Whether the service was replaced, asked here where torch is loaded: the supervisor's own
+            # check starts an interpreter that imports it, seconds on every failing pod's way out.
+            try:
+                record_service_after_failure(endpoint, epoch_file)
+            except BaseException as exc:  # a signal's exception too: the exit below must still run
+                print(f"trainer.launcher.ft: no verdict on the rendezvous service: {exc!r}", file=sys.stderr)
         exit_without_teardown(done.code)
     exit_without_teardown(0)  # pragma: no cover - NVRx's main always exits
     return 0  # pragma: no cover - not reached

@@ -23,8 +23,11 @@ node, which costs the job one restart round instead of a replaced pod. The zygot
 
 The supervisor itself never imports torch (it would hold a second copy of it in every pod): ft_launcher's
 process, which has the store client library loaded anyway, writes the epoch it joined under to
-`EPOCH_FILE_ENV` (trainer/launcher/ft.py), and after a failure one short-lived
-`python -m trainer.launcher.supervise --wait-epoch` reads the service's epoch again.
+`EPOCH_FILE_ENV` (trainer/launcher/ft.py) and, when it fails, what answers at the endpoint then
+(`record_service_after_failure`: another epoch, or none) to the verdict file beside it. Only when
+ft_launcher ended without a verdict does one short-lived `python -m trainer.launcher.supervise
+--wait-epoch` read the service's epoch again: it imports torch, which delayed every failing pod's exit by
+2-3 s on a 2-core host (bench.recovery exception/full: the pod's exit 3.9 s after the fault).
 
 Signals the kubelet sends (SIGTERM, SIGINT) are forwarded to ft_launcher and end supervision: a pod that
 is being stopped is never restarted. The supervisor leads the pod's process group, as the exec'd
@@ -58,6 +61,9 @@ LAUNCHER_ID_ENV = "TRAINER_LAUNCHER_ID"
 EPOCH_FILE_ENV = "TRAINER_RENDEZVOUS_EPOCH_FILE"
 """Where ft_launcher's process writes the epoch of the rendezvous service it reached
 (trainer/launcher/ft.py)."""
+VERDICT_SUFFIX = ".after-failure"
+"""The verdict file, `<epoch file>.after-failure`: the epoch of the service that replaced the one joined, or
+empty when none did (record_service_after_failure)."""
 REJOIN_WAIT_S = 120.0
 """How long a launcher that lost its store waits for a rendezvous service to answer again."""
 POLL_S = 0.25
@@ -110,6 +116,20 @@ def wait_for_other_epoch(endpoint: str, epoch: str, wait_s: float) -> str | None
         time.sleep(POLL_S)
 
 
+def record_service_after_failure(endpoint: str, epoch_file: str, wait_s: float = REJOIN_WAIT_S) -> None:
+    """ft_launcher's side, as it is about to exit non-zero: whether the service it joined was replaced,
+    for the supervisor (the verdict file: the other service's epoch, or empty for "not replaced"). Waits
+    up to `wait_s` for a service to answer, as the supervisor's own check would; writes nothing when this
+    launcher never learnt an epoch (a launcher-hosted store)."""
+    try:
+        with open(epoch_file) as fh:
+            joined = fh.read().strip()
+    except OSError:
+        return
+    if joined:
+        write_atomically(epoch_file + VERDICT_SUFFIX, wait_for_other_epoch(endpoint, joined, wait_s) or "")
+
+
 class Supervisor:
     """Runs `command` (ft_launcher's) as a child; restarts it when the rendezvous service was replaced."""
 
@@ -149,6 +169,16 @@ class Supervisor:
         except OSError:
             return None
 
+    def service_after_failure(self, epoch: str) -> str | None:
+        """The epoch of the service that replaced the one joined under `epoch`, or None: ft_launcher's
+        verdict when it wrote one, else this process's own check (a short-lived interpreter)."""
+        try:
+            with open(self.epoch_file + VERDICT_SUFFIX) as fh:
+                return fh.read().strip() or None
+        except OSError:
+            assert self.endpoint is not None
+            return self.other_epoch(self.endpoint, epoch, self.rejoin_wait_s)
+
     def run(self, keep: frozenset[int] = frozenset()) -> int:
         """Supervise until ft_launcher ends for good; `keep`: children that are not ft_launcher's
         leftovers (the zygote)."""
@@ -160,8 +190,9 @@ class Supervisor:
         }
         killed_restarts = 0
         while True:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.epoch_file)
+            for stale in (self.epoch_file, self.epoch_file + VERDICT_SUFFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(stale)
             with self._lock:
                 if self.stopping:
                     return 128 + signal.SIGTERM
@@ -184,7 +215,7 @@ class Supervisor:
             epoch = self.joined_epoch()
             if not self.endpoint or epoch is None:
                 return _exit_status(rc)
-            new = self.other_epoch(self.endpoint, epoch, self.rejoin_wait_s)
+            new = self.service_after_failure(epoch)
             if new is None or self.stopping:
                 return _exit_status(rc)
             self.restarts += 1

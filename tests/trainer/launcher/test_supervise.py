@@ -3,6 +3,7 @@ the same pod when the rendezvous service was replaced, and only then."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,14 +14,24 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT
-from trainer.launcher.supervise import EPOCH_FILE_ENV, Supervisor, read_epoch, wait_for_other_epoch
+from trainer.launcher.rendezvous import EPOCH_KEY
+from trainer.launcher.supervise import (
+    EPOCH_FILE_ENV,
+    VERDICT_SUFFIX,
+    Supervisor,
+    read_epoch,
+    record_service_after_failure,
+    wait_for_other_epoch,
+)
 from trainer.ports import free_port
 
 
-def _child(tmp_path: Path, *codes: int, epoch: str | None = "e1") -> list[str]:
-    """A stand-in for ft_launcher: the n-th start writes `epoch` (if any) where ft.py would, then exits
-    with codes[n]; it counts its starts in tmp_path/starts."""
+def _child(tmp_path: Path, *codes: int, epoch: str | None = "e1", verdict: str | None = None) -> list[str]:
+    """A stand-in for ft_launcher: the n-th start writes `epoch` (if any) where ft.py would, and the
+    `verdict` on the service (if any), then exits with codes[n]; it counts its starts in tmp_path/starts."""
     write = f"open(os.environ[{EPOCH_FILE_ENV!r}], 'w').write({epoch!r})" if epoch else "pass"
+    if verdict is not None:
+        write += f"; open(os.environ[{EPOCH_FILE_ENV!r}] + {VERDICT_SUFFIX!r}, 'w').write({verdict!r})"
     starts = str(tmp_path / "starts")
     code = (
         f"import os, pathlib; p = pathlib.Path({starts!r}); n = len(p.read_text()) if p.exists() else 0; "
@@ -52,6 +63,39 @@ def test_the_same_service_means_ft_launcher_failed_on_its_own(tmp_path: Path) ->
     sup = _supervisor(tmp_path, _child(tmp_path, 3, 0), {"e1": None})
     assert sup.run() == 3
     assert sup.restarts == 0 and sup.asked == ["e1"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("verdict", "status", "restarts"), [("e2", 0, 1), ("", 3, 0)])
+def test_ft_launchers_verdict_on_the_service_is_taken_without_a_check_of_its_own(
+    tmp_path: Path, verdict: str, status: int, restarts: int
+) -> None:
+    """ft_launcher tells whether the service was replaced ("e2") or not (""): no interpreter is started to
+    ask the store again (it imports torch: seconds on every failing pod's exit)."""
+    sup = _supervisor(tmp_path, _child(tmp_path, 3, 0, verdict=verdict), {"e1": "e2"})
+    assert sup.run() == status
+    assert sup.restarts == restarts and sup.asked == []  # type: ignore[attr-defined]
+
+
+def test_ft_launcher_records_whether_the_service_it_joined_was_replaced(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    store.set(EPOCH_KEY, "e2")
+    epoch_file = tmp_path / "epoch"
+    verdict = tmp_path / f"epoch{VERDICT_SUFFIX}"
+    record_service_after_failure(f"127.0.0.1:{port}", str(epoch_file), wait_s=1.0)
+    assert not verdict.exists(), "no epoch was ever learnt: nothing to say"
+    epoch_file.write_text("e2")
+    record_service_after_failure(f"127.0.0.1:{port}", str(epoch_file), wait_s=1.0)
+    assert verdict.read_text() == ""  # the same service answers: not replaced
+    epoch_file.write_text("e1")
+    record_service_after_failure(f"127.0.0.1:{port}", str(epoch_file), wait_s=1.0)
+    assert verdict.read_text() == "e2"  # another one answers
+    del store
+    epoch_file.write_text("e2")
+    record_service_after_failure(f"127.0.0.1:{free_port()}", str(epoch_file), wait_s=0.5)
+    assert verdict.read_text() == ""  # nothing answers in time: not replaced either
 
 
 def test_no_epoch_no_supervision(tmp_path: Path) -> None:
@@ -131,3 +175,35 @@ def test_ft_launcher_ends_with_nvrx_exit_code_and_no_interpreter_teardown(
     assert not torn.exists(), "the interpreter's teardown ran after NVRx's main"
     if status == 1:
         assert "no nodes" in proc.stderr
+
+
+@pytest.mark.parametrize(("exit_with", "verdict"), [("3", ""), ("0", None)])
+def test_a_failing_ft_launcher_leaves_its_verdict_on_the_service(
+    tmp_path: Path, exit_with: str, verdict: str | None
+) -> None:
+    """trainer.launcher.ft asks the store it joined before it exits non-zero (and only then)."""
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    store.set(EPOCH_KEY, "e1")
+    epoch_file = tmp_path / "epoch"
+    epoch_file.write_text("e1")  # as ft.py's thread writes it once the service answers
+    script = (
+        "import sys\n"
+        "from nvidia_resiliency_ext.fault_tolerance import launcher\n"
+        f"launcher.main = lambda: sys.exit({exit_with})\n"
+        "from trainer.launcher import ft\n"
+        f"ft.main(['ft_launcher', '--rdzv-endpoint=127.0.0.1:{port}', '--nproc-per-node=1', 'train.py'])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, EPOCH_FILE_ENV: str(epoch_file)},
+    )
+    assert proc.returncode == int(exit_with), proc.stderr[-2000:]
+    written = tmp_path / f"epoch{VERDICT_SUFFIX}"
+    assert (written.read_text() if written.exists() else None) == verdict, proc.stderr[-2000:]
