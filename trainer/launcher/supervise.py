@@ -75,9 +75,14 @@ _PR_SET_CHILD_SUBREAPER = 36
 def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
     """The rendezvous service's epoch at `endpoint` (host:port), or None when nothing answers or the store
     has no epoch (a store hosted by a launcher)."""
+    return read_service(endpoint, timeout_s)[0]
+
+
+def read_service(endpoint: str, timeout_s: float = 2.0) -> tuple[str | None, bool]:
+    """(read_epoch, whether that store is the one the service started after a failed rendezvous)."""
     import torch.distributed as dist
 
-    from trainer.launcher.rendezvous import EPOCH_KEY
+    from trainer.launcher.rendezvous import EPOCH_KEY, FOLLOWS_FAILURE_KEY
     from trainer.resilience.liveness import parse_endpoint
 
     try:
@@ -86,10 +91,10 @@ def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
             host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
         )
         if not store.check([EPOCH_KEY]):
-            return None
-        return bytes(store.get(EPOCH_KEY)).decode(errors="replace")
+            return None, False
+        return bytes(store.get(EPOCH_KEY)).decode(errors="replace"), store.check([FOLLOWS_FAILURE_KEY])
     except (RuntimeError, ValueError, OSError):  # DistStoreError/DistNetworkError are RuntimeErrors
-        return None
+        return None, False
 
 
 def write_epoch_when_reachable(endpoint: str, path: str, stop: threading.Event | None = None) -> None:
@@ -105,12 +110,14 @@ def write_epoch_when_reachable(endpoint: str, path: str, stop: threading.Event |
 
 def wait_for_other_epoch(endpoint: str, epoch: str, wait_s: float) -> str | None:
     """The epoch of a service at `endpoint` that differs from `epoch`, waiting up to `wait_s` for one to
-    answer; None when the same service answers (it was not replaced) or none does in time."""
+    answer; None when the same service answers (it was not replaced), when the other store is the fresh
+    rendezvous the service started after a failed one (the pod fails and the Job controller retries it,
+    within the Job's limits: trainer/launcher/rendezvous.py), or when none answers in time."""
     deadline = time.monotonic() + wait_s
     while True:
-        current = read_epoch(endpoint)
+        current, follows_failure = read_service(endpoint)
         if current is not None:
-            return current if current != epoch else None
+            return current if current != epoch and not follows_failure else None
         if time.monotonic() >= deadline:
             return None
         time.sleep(POLL_S)
