@@ -36,6 +36,7 @@ def measure(
     rec: dict[str, Any] = {
         "scenario": sc.name,
         "rc": rc,
+        "pod_exits": [int(e["rc"]) for e in exits],
         "status": summary.get("status"),
         "wall_s": summary.get("wall_s"),
         "efficiency": summary.get("training_efficiency"),
