@@ -99,7 +99,7 @@ class ReplicaServer:
         self._refused_from: set[str] = set()
         self._nonces: dict[bytes, float] = {}
         self._nonce_lock = threading.Lock()
-        self._puts: dict[int, socket.socket] = {}  # owner -> the connection of its PUT in flight
+        self._puts: dict[int, tuple[int, socket.socket]] = {}  # owner -> (sent_ns, conn) of its PUT in flight
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._sock = socket.create_server((host, 0))
         self.address: Address = (host, self._sock.getsockname()[1])
@@ -155,13 +155,13 @@ class ReplicaServer:
                 conn.settimeout(IO_TIMEOUT_S)
                 try:
                     if op == PUT:
-                        self._supersede(owner, conn)
+                        self._supersede(owner, conn, sent_ns)
                         reader = _MacReader(conn, _mac(key, head))
                         try:
                             self.shelf.receive(owner, step, nbytes, reader, finish=reader.finish)
                         finally:
                             with self._nonce_lock:
-                                if self._puts.get(owner) is conn:
+                                if self._puts.get(owner, (0, None))[1] is conn:
                                     del self._puts[owner]
                         _send_reply(conn, OK, 0, key, nonce)
                     else:
@@ -185,15 +185,20 @@ class ReplicaServer:
         finally:
             self._slots.release()
 
-    def _supersede(self, owner: int, conn: socket.socket) -> None:
+    def _supersede(self, owner: int, conn: socket.socket, sent_ns: int) -> None:
         """A newer authenticated PUT of `owner` cuts off an older one still in flight (stalled, or
-        outrun): the older fails at once and frees its temp file, the newer proceeds."""
+        outrun): the older fails at once and frees its temp file, the newer proceeds. Newer is by the
+        owner's send time, not by which handler thread got here first: under load an older request's
+        thread arrived second and cut off the newer one before its reply was sent (make test: the
+        sender read end-of-stream instead of the refusal it was owed)."""
         with self._nonce_lock:
-            older = self._puts.get(owner)
-            self._puts[owner] = conn
-        if older is not None:
+            current = self._puts.get(owner)
+            if current is not None and current[0] > sent_ns:
+                raise ReplicaError(f"a newer replica put of rank {owner} is in flight")
+            self._puts[owner] = (sent_ns, conn)
+        if current is not None:
             with contextlib.suppress(OSError):
-                older.shutdown(socket.SHUT_RDWR)
+                current[1].shutdown(socket.SHUT_RDWR)
 
     def _authenticate(self, proto: bytes, head: bytes, mac: bytes, key: bytes | None, sent_ns: int,
                       nonce: bytes) -> None:  # fmt: skip

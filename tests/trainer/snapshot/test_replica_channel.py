@@ -177,3 +177,21 @@ def test_connections_past_the_cap_are_closed_and_slow_headers_time_out(
     for sock in idle:
         sock.close()
     store.close()
+
+
+def test_an_older_put_reaching_the_server_second_never_cuts_off_the_newer(holder) -> None:  # type: ignore[no-untyped-def]
+    """Newer is by the owner's send time, not by which handler thread got there first: under load an older
+    PUT's thread arrived second and shut the newer one's connection before its reply went out."""
+    _, server = holder
+    newer, newer_peer = socket.socketpair()
+    older, older_peer = socket.socketpair()
+    with newer, newer_peer, older, older_peer:
+        server._supersede(0, newer, sent_ns=2_000)
+        with pytest.raises(replica_net.ReplicaError, match="a newer replica put of rank 0 is in flight"):
+            server._supersede(0, older, sent_ns=1_000)
+        newer_peer.sendall(b"x")
+        assert newer.recv(1) == b"x", "the newer PUT's connection was cut off"
+        latest, latest_peer = socket.socketpair()
+        with latest, latest_peer:
+            server._supersede(0, latest, sent_ns=3_000)  # a newer one still cuts it off
+            assert newer.recv(1) == b""
