@@ -55,6 +55,7 @@ def ids_beyond_vocab_outside_the_sample(tmp_path_factory: pytest.TempPathFactory
     return path
 
 
+@pytest.mark.slow  # ft_launcher with 2 ranks: not for make test-fast
 def test_out_of_range_token_met_in_training_costs_one_start(
     ids_beyond_vocab_outside_the_sample: Path, tmp_path: Path
 ) -> None:
@@ -77,6 +78,7 @@ def test_out_of_range_token_met_in_training_costs_one_start(
     assert elapsed < 200, elapsed
 
 
+@pytest.mark.slow  # ft_launcher with 2 ranks: not for make test-fast
 def test_bad_data_at_start_up_under_the_launcher_never_starts(tmp_path: Path) -> None:
     """The init container's check, missed (e.g. ft_launcher run by hand): every worker exits 93 at
     start-up, before any event; relaunches print the recorded line."""
@@ -93,6 +95,7 @@ def test_bad_data_at_start_up_under_the_launcher_never_starts(tmp_path: Path) ->
     assert starts_per_rank(out) == {0: 0, 1: 0}
 
 
+@pytest.mark.slow  # ft_launcher with 2 ranks: not for make test-fast
 def test_deterministic_exception_is_given_up_after_n_cycles(token_file: Path, tmp_path: Path) -> None:
     out, log = tmp_path / "out", tmp_path / "job.log"
     fault = "--fault=repeat-exception:step=4:rank=1"
