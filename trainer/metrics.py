@@ -336,7 +336,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "productive_s": productive_s,
         "training_efficiency": productive_s / wall_s if wall_s > 0 else None,
         "step_s": _stats(durations),
-        "slow_steps": slow_steps(kept),
+        "slow_steps": slow_steps(kept, durations),
         "ckpt": {
             "saves": len(per_save),
             "stall_s": _stats(s["blocked_s"] for s in per_save),
@@ -363,7 +363,7 @@ SLOW_STEP_FACTOR = 2.0
 """A kept step that took over this many times the median step is a slow one (slow_steps)."""
 
 
-def slow_steps(kept: list[dict[str, Any]]) -> dict[str, Any]:
+def slow_steps(kept: list[dict[str, Any]], durations: list[float]) -> dict[str, Any]:
     """The kept steps that took over SLOW_STEP_FACTOR x the median, and their time beyond the median.
 
     Productive time is the kept steps' whole duration, however slow: a step that a neighbour slowed down
@@ -371,8 +371,7 @@ def slow_steps(kept: list[dict[str, Any]]) -> dict[str, Any]:
     first steps after each process start ran 2-9x the median while the new processes' helpers (NVRx's
     checkpoint worker, its write-results Manager, a replacement pod's zygote) imported torch beside them,
     and the steps after a durable save 2x while its background write ran; on a GPU node the helpers have
-    CPU cores of their own and a step is GPU work."""
-    durations = [float(s["t_end"]) - float(s["t_start"]) for s in kept]
+    CPU cores of their own and a step is GPU work. `durations`: the kept steps' (summarize_events')."""
     if not durations:
         return {"median_s": None, "steps": [], "over_median_s": 0.0}
     median = statistics.median(durations)
