@@ -115,6 +115,7 @@ class Session:
                 before_commit=faults.in_checkpoint, after_write=faults.in_write, progress=progress
             ),
             events=events,
+            commit_in_background=True,  # the loop's step boundaries wait for no save's commit
         )
         self.ckpt = CheckpointLoop(manager, cfg.ckpt, events, rank=proc.rank, last_step=cfg.run.steps - 1)
         self.known_groups = process_groups()

@@ -3,6 +3,9 @@
 Collective contract: every rank calls save / maybe_finalize / wait / restore at the same points (the
 loop calls maybe_finalize after every step; it asks the other ranks only at the steps policy.poll_due
 names). abort / close are local (no collectives: they run in teardown, when peers may be gone).
+With commit_in_background (the training loop's setting) step 2 and 3 below run in a thread of their own
+per save (committer.py) and the caller's maybe_finalize does nothing; wait(), the next save and restore
+join that thread, so a failure still reaches every rank at the same call.
 The manager talks over its own gloo process group, so its collectives never interleave with the
 training group's (torch-async runs some in a thread), and a CPU group is what the NVRx and torch
 background paths need even when training uses NCCL.
@@ -49,6 +52,7 @@ from torch.distributed.checkpoint import CheckpointException
 
 from trainer.checkpoint import layout, policy
 from trainer.checkpoint.backends import TorchAsyncBackend, make_backend
+from trainer.checkpoint.committer import BackgroundCommit
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
@@ -122,7 +126,12 @@ class CheckpointManager:
         process_group: dist.ProcessGroup | None = None,
         hooks: CheckpointHooks | None = None,
         events: Any = None,
+        commit_in_background: bool = False,
     ) -> None:
+        """`commit_in_background`: an asynchronous save's agreement, seal and commit run in a thread of
+        their own (committer.py) instead of in the caller's maybe_finalize calls; the caller's wait(),
+        its next save and restore join that thread. The training loop sets it; maybe_finalize then
+        does nothing."""
         if not dist.is_initialized():
             raise RuntimeError("CheckpointManager needs an initialized default process group")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -149,6 +158,11 @@ class CheckpointManager:
             backend="gloo", timeout=timedelta(seconds=max(cfg.collective_timeout_s, cfg.write_timeout_s))
         )
         self._pending: _Pending | None = None
+        self.commit_in_background = commit_in_background
+        self._committer: BackgroundCommit | None = None
+        self._commit_lock = threading.Lock()
+        """Held by rank 0 around its commit's file work, so that an abort never discards a temp directory
+        that a background commit is renaming (abort takes it; a cancelled commit writes nothing)."""
         self._fingerprint: str | None = None
         self._unloadable: set[str] = set()  # committed checkpoints that failed to load in this process
         self.committed_step = -1
@@ -217,8 +231,8 @@ class CheckpointManager:
         snapshot is written in this process, not handed to NVRx's worker (from_snapshot.py).
         """
         t0 = time.perf_counter()
-        if self._pending is not None:
-            self._finalize(blocking=True)
+        if self._pending is not None or self._committer is not None:
+            self.wait()
         if self._fingerprint is None:
             self._fingerprint = fingerprint(state)
         tmp = self.cfg.dir / layout.temp_name(step)
@@ -243,6 +257,8 @@ class CheckpointManager:
         self._pending = _Pending(step, tmp, token, t0, src=src, backend=self._backend)
         if self.cfg.mode == "sync":
             self._finalize(blocking=True)
+        else:
+            self._commit_later(step)
         return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
 
     def _reuses(self, snapshot: Any, step: int) -> bool:
@@ -272,6 +288,8 @@ class CheckpointManager:
                 layout.discard(tmp)
             raise
         self._pending = _Pending(step, tmp, token, t0, src=src, backend=self._from_snapshot)
+        if not awaited:  # an awaited save (the run's last) is waited for at once, in this thread
+            self._commit_later(step)
         return SaveResult(blocked_s=time.perf_counter() - t0, bytes=nbytes)
 
     def maybe_finalize(self, blocking: bool = False) -> list[int]:
@@ -280,6 +298,8 @@ class CheckpointManager:
         Non-blocking calls check this rank's write every time (no collective) but ask the other ranks
         only at the calls policy.poll_due names, the same calls on every rank.
         """
+        if self._committer is not None:
+            return self._join_committer() if blocking else []
         p = self._pending
         if p is None:
             return []
@@ -297,17 +317,35 @@ class CheckpointManager:
     def abort(self) -> None:
         """Abandon the pending save now, on this rank only (no collective): stop its writers, so that none
         of them writes into the checkpoint directory again, and (rank 0) discard its temporary directory.
+        A background commit still running is left to end on its own: it commits nothing after this.
         The manager stays usable; the next save starts fresh writers."""
+        self._committer = None
+        self._abort_pending()
+
+    def _abort_pending(self) -> None:
         p, self._pending = self._pending, None
         if p is None:
             return
         p.cancel.set()
         (p.backend or self._backend).abort()
         if self.rank == 0:
-            try:
-                layout.discard(p.tmp)
-            except OSError as exc:  # another rank's stopped writer may still hold it for a moment
-                log.warning("could not discard %s: %s", p.tmp, exc)
+            with self._commit_lock:  # a background commit's rename finishes first; a later one sees cancel
+                try:
+                    layout.discard(p.tmp)
+                except OSError as exc:  # another rank's stopped writer may still hold it for a moment
+                    log.warning("could not discard %s: %s", p.tmp, exc)
+
+    def _commit_later(self, step: int) -> None:
+        """With commit_in_background: the pending save's blocking finalize, in its own thread."""
+        if self.commit_in_background:
+            self._committer = BackgroundCommit(lambda: self._finalize(blocking=True, in_thread=True), step)
+
+    def _join_committer(self) -> list[int]:
+        """The background commit's outcome (CheckpointWriteError when the save failed), pinging the
+        loop's progress while it runs."""
+        committer, self._committer = self._committer, None
+        assert committer is not None
+        return committer.join(self.hooks.progress)
 
     # --------------------------------------------------------------------------------------- finalize
     def _local_state(self, p: _Pending, wait_s: float = 0.0) -> tuple[str, str | None]:
@@ -342,7 +380,7 @@ class CheckpointManager:
         layout.fsync_dir(tmp)
         return layout.describe_files(tmp, names)
 
-    def _finalize(self, blocking: bool) -> list[int]:
+    def _finalize(self, blocking: bool, in_thread: bool = False) -> list[int]:
         """One agreement (non-blocking), or rounds of them until every rank is done (blocking).
 
         A blocking wait never parks a rank in a collective while a peer still writes: a rank whose write
@@ -350,6 +388,7 @@ class CheckpointManager:
         timeout (shorter than write_timeout_s) fails it and the Wrapper's progress watchdog cannot be fed.
         In each round a rank waits for its own write at most `pause` seconds, then all agree; every rank
         runs the same rounds, so the collectives pair up. write_timeout_s bounds the whole wait.
+        `in_thread`: run by a BackgroundCommit, which must not feed the loop's progress watchdog.
         """
         p = self._pending
         assert p is not None
@@ -367,16 +406,16 @@ class CheckpointManager:
                 break
             if not blocking:
                 return []
-            if self.hooks.progress is not None:
+            if self.hooks.progress is not None and not in_thread:
                 self.hooks.progress()
             pause = min(pause * 2, self.BLOCKING_POLL_S[1])
         self._commit(p)
         if self._pending is p:  # sealed on the local tier, now draining: committed once that is done
-            return self._finalize(blocking) if blocking else []
+            return self._finalize(blocking, in_thread) if blocking else []
         return [p.step]
 
     def _fail(self, p: _Pending, reason: str) -> None:
-        self.abort()
+        self._abort_pending()
         raise CheckpointWriteError(f"checkpoint of step {p.step} failed: {reason}", p.step)
 
     def _commit(self, p: _Pending) -> None:
@@ -400,7 +439,9 @@ class CheckpointManager:
         outcome: list[Any] = [None]
         if self.rank == 0:
             assert gathered is not None
-            outcome[0] = self._write_commit(p, gathered)
+            with self._commit_lock:
+                aborted = p.cancel.is_set()  # aborted in teardown while this commit ran in its thread
+                outcome[0] = (False, "aborted") if aborted else self._write_commit(p, gathered)
         dist.broadcast_object_list(outcome, src=self._global_rank0(), group=self._group())
         self._pending = None
         ok, detail = outcome[0]
@@ -458,7 +499,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------------------- load
     def restore(self, state: dict[str, Any]) -> RestoreResult:
         """Load the newest committed checkpoint that loads into `state` (see resume.restore_newest)."""
-        if self._pending is not None:
+        if self._pending is not None or self._committer is not None:
             self.wait()
         self._fingerprint = fingerprint(state)
         return restore_newest(
@@ -544,7 +585,7 @@ class CheckpointManager:
         try:
             drain = seal_and_drain(group, save)
         except CheckpointWriteError:
-            self.abort()
+            self._abort_pending()
             raise
         p.phase, p.calls, p.files = "drain", 0, drain
 
