@@ -31,7 +31,9 @@ class BackgroundCommit:
         self.step = step
         self._committed: list[int] = []
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, args=(run,), name=f"ckpt-commit-{step}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, args=(run,), name=f"ckpt-commit-{step}", daemon=True
+        )
         self._thread.start()
 
     def _main(self, run: Callable[[], list[int]]) -> None:
