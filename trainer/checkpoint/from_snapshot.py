@@ -84,6 +84,34 @@ def tensor_metas(save_dict: dict[str, Any]) -> list[TensorMeta]:
     return [TensorMeta(tuple(t.shape), t.dtype, spec) for t, spec in zip(tensors, specs, strict=True)]
 
 
+def plan_metas(plan: codec.Plan) -> list[TensorMeta]:
+    """tensor_metas from a snapshot's codec.Plan: its values (DTensors as they are) and their local
+    tensors, already in the slot's order; no walk over the save dict."""
+    return [
+        TensorMeta(tuple(t.shape), t.dtype, v._spec if isinstance(v, DTensor) else None)
+        for v, t in zip(plan.values, plan.tensors, strict=True)
+    ]
+
+
+class MetasCache:
+    """The metas of the last snapshot plan seen. Snapshots keep one plan while the live tensors stay put
+    (same objects, same storage, so the same shapes and placements), so every save of an attempt after
+    the first reads them here: walking the save dict took 5-56 ms of each save's 10-90 ms stall in
+    `make demo` (4 ranks on 2 cores), about as long as the snapshot it reuses."""
+
+    def __init__(self) -> None:
+        self._plan: codec.Plan | None = None
+        self._metas: list[TensorMeta] = []
+
+    def of(self, snapshot: Any) -> list[TensorMeta]:
+        plan = getattr(snapshot, "plan", None)
+        if plan is None:
+            return tensor_metas(snapshot.save_dict)
+        if plan is not self._plan:
+            self._plan, self._metas = plan, plan_metas(plan)
+        return self._metas
+
+
 @dataclass
 class SnapshotWrite:
     """One save from a snapshot: the background thread and what it produced (the token)."""

@@ -56,7 +56,7 @@ from trainer.checkpoint.committer import BackgroundCommit
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
-from trainer.checkpoint.from_snapshot import FromSnapshot, tensor_metas
+from trainer.checkpoint.from_snapshot import FromSnapshot, MetasCache
 from trainer.checkpoint.lease import Lease, job_uid
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
@@ -160,6 +160,7 @@ class CheckpointManager:
         self._pending: _Pending | None = None
         self.commit_in_background = commit_in_background
         self._committer: BackgroundCommit | None = None
+        self._metas = MetasCache()
         self._commit_lock = threading.Lock()
         """Held by rank 0 around its commit's file work, so that an abort never discards a temp directory
         that a background commit is renaming (abort takes it; a cancelled commit writes nothing)."""
@@ -271,7 +272,7 @@ class CheckpointManager:
         placements, start the thread (from_snapshot.py). The temp directory is fresh before any rank
         writes: rank 0 made it above, and every rank's thread agrees (a collective) before writing."""
         assert self._from_snapshot is not None
-        metas = tensor_metas(snapshot.save_dict)
+        metas = self._metas.of(snapshot)
         nbytes = sum(math.prod(m.shape) * m.dtype.itemsize for m in metas)
         src, begin = tmp, None
         if self.local is not None:

@@ -117,7 +117,9 @@ class Snapshots:
             self.peers.before_write()  # normally 0: the slot to overwrite is not being sent
             waited = time.perf_counter() - t0
         result = self.store.write(step, save_dict, flat=flat)
-        reusable = Reusable(self.store, self.store.last_slot, step, self.store.pending_commit, save_dict)
+        reusable = Reusable(
+            self.store, self.store.last_slot, step, self.store.pending_commit, save_dict, flat.plan
+        )
         result = dataclasses.replace(
             result,
             blocked_s=result.blocked_s + waited + built,

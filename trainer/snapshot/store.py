@@ -119,6 +119,9 @@ class Reusable:
     step: int
     commit: _Ticket | None
     save_dict: dict[str, Any]
+    plan: codec.Plan | None = None
+    """The save dict's codec.Plan (its tensors in the slot's order), kept by Snapshots while the live
+    tensors stay put: a checkpoint reads the tensors' placements from it once per plan, not per save."""
 
     def hold(self) -> Hold:
         """Keep the slot from being overwritten until the returned hold is released (loop thread, before

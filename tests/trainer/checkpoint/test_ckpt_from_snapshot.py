@@ -98,6 +98,31 @@ def test_a_save_from_the_snapshot_holds_that_step_exactly_though_training_goes_o
     assert manifest["mode"] == mode and ".metadata" in manifest["files"]  # signed and committed as ever
 
 
+def test_the_tensor_placements_are_read_from_the_snapshots_plan_once_per_plan(
+    tmp_path: Path, one_rank: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metas the writer needs come from the snapshot's kept plan: the same as a walk over the save
+    dict, computed once while the plan is kept (the walk took as long as a snapshot in the demo)."""
+    from trainer.checkpoint import from_snapshot
+
+    state, snaps = make_state(one_rank), _snapshots(tmp_path)
+    reads: list[int] = []
+    real = from_snapshot.plan_metas
+    monkeypatch.setattr(from_snapshot, "plan_metas", lambda plan: reads.append(1) or real(plan))
+    cache = from_snapshot.MetasCache()
+    try:
+        for step in range(3):
+            train_step(state, step)
+            snap = snaps.after_step(step, state)
+            assert snap is not None and snap.reusable is not None and snap.reusable.plan is not None
+            metas = cache.of(snap.reusable)
+            assert metas == from_snapshot.tensor_metas(snap.reusable.save_dict)
+            assert any(m.spec is not None for m in metas)  # the DTensors' placements are there
+        assert snaps.plan.builds == 1 and len(reads) == 1  # one plan, read once
+    finally:
+        snaps.close()
+
+
 def test_a_save_from_the_snapshot_blocks_no_longer_than_the_snapshot_though_planning_is_slow(
     tmp_path: Path, one_rank: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
