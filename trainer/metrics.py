@@ -399,9 +399,12 @@ def loss_breakdown(
     - recovery (one per fault): its mttr_s, fault -> first step after it;
     - recompute: executions of steps that were redone (not kept), and the part of the step in flight
       at each fault that ran before the fault;
-    - ckpt_stall / snapshot_stall: the loop's blocked time per save / snapshot (slowest rank or node),
-      of those between the first and the last step and outside recovery windows (the final save after
-      the last step is the tail's);
+    - ckpt_stall / snapshot_stall: rank 0's blocked time per save / snapshot (the slowest rank's when
+      rank 0 did not report it), of those between the first and the last step and outside recovery
+      windows (the final save after the last step is the tail's). Rank 0's, not the slowest rank's: the
+      terms are measured on rank 0's clock, like the productive time, and rank 0 waits for a slower
+      node's snapshot inside its next step's first collective, which its step time already counts (the
+      slowest node's figure counted that wait twice: `other` came out negative in `make demo`);
     - tail: end of the last step -> last event (the final save's commit, the run's end);
     - other: what is left: the loop's own work at step boundaries (events, heartbeats, polls).
     The planner (goodput/fit.py predict_from_summary) uses the same terms.
@@ -416,13 +419,18 @@ def loss_breakdown(
     ]
 
     def blocked(kind: str) -> float:
-        """Sum over saves (or snapshots) of the slowest rank's blocked time, those inside the run."""
+        """Sum over saves (or snapshots) of rank 0's blocked time (else the slowest rank's), those inside
+        the run."""
         per: dict[tuple[int, int, int], tuple[float, float]] = {}
+        on_rank0: dict[tuple[int, int, int], tuple[float, float]] = {}
         for e in events:
             if e["ev"] == kind:
                 key = (int(e["step"]), int(e["restart"]), int(e["iteration"]))
                 b, t = per.get(key, (0.0, 0.0))
                 per[key] = (max(b, float(e["blocked_s"])), max(t, float(e["t"])))
+                if int(e["rank"]) == 0:
+                    on_rank0[key] = (float(e["blocked_s"]), float(e["t"]))
+        per.update(on_rank0)
         return math.fsum(
             b
             for b, t in per.values()

@@ -109,26 +109,42 @@ def test_the_loss_breakdown_names_the_gap_to_100_percent_term_by_term(run_dir: P
     assert loss["startup"] == pytest.approx(1.0)  # run_start 100.0 -> first step 101.0
     assert loss["recovery"] == pytest.approx([1.0, 111.5 - 107.1])  # each fault's mttr_s
     assert loss["recompute"] == pytest.approx(0.9 + 0.8 + 1.0)  # step 3, step 3 again, step 4: redone
-    assert loss["ckpt_stall"] == pytest.approx(0.3)  # the slowest rank's blocked time
+    assert loss["ckpt_stall"] == pytest.approx(0.1)  # rank 0's (rank 1's 0.3 s is inside rank 0's step 3)
     assert loss["snapshot_stall"] == 0.0 and loss["tail"] == pytest.approx(0.5)
     named = s["productive_s"] + sum(loss["recovery"]) + sum(v for k, v in loss.items() if k != "recovery")
-    assert named == pytest.approx(s["wall_s"]) and loss["other"] == pytest.approx(0.1)
+    assert named == pytest.approx(s["wall_s"]) and loss["other"] == pytest.approx(0.3)
 
 
-def test_snapshot_stall_in_the_breakdown_counts_the_slowest_node_inside_the_run(tmp_path: Path) -> None:
+def test_snapshot_stall_in_the_breakdown_is_rank_0s_inside_the_run(tmp_path: Path) -> None:
+    """Rank 0's snapshot of step 0 blocks 0.1 s, node 1's (rank 2) 0.3 s: rank 0 starts step 1 after its
+    own 0.1 s and waits the other 0.2 s in that step's first collective (step 1 runs 1.2 s, not 1.0 s).
+    Counting node 1's 0.3 s as the stall would count those 0.2 s twice (`other` negative)."""
     events = [
-        _ev("run_start", 0.0, world_size=2, config={}),
+        _ev("run_start", 0.0, world_size=4, config={}),
         _step(0, 1.0, 2.0),
         _ev("snapshot", 2.1, step=0, blocked_s=0.1, copy_s=0.1, bytes=1),
-        _ev("snapshot", 2.2, 1, step=0, blocked_s=0.2, copy_s=0.2, bytes=1),
-        _step(1, 2.2, 3.2),
-        _ev("snapshot", 3.3, step=1, blocked_s=0.1, copy_s=0.1, bytes=1),  # after the last step: tail
+        _ev("snapshot", 2.3, 2, step=0, blocked_s=0.3, copy_s=0.3, bytes=1),
+        _step(1, 2.1, 3.3),
+        _ev("snapshot", 3.4, step=1, blocked_s=0.1, copy_s=0.1, bytes=1),  # after the last step: tail
         _ev("run_end", 3.5, step=1, status="completed"),
     ]
     _write(tmp_path / "events.rank0.jsonl", events)
     loss = summarize(tmp_path)["loss_s"]
-    assert loss["snapshot_stall"] == pytest.approx(0.2) and loss["tail"] == pytest.approx(0.3)
-    assert loss["other"] == pytest.approx(3.5 - 2.0 - 1.0 - 0.2 - 0.3)
+    assert loss["snapshot_stall"] == pytest.approx(0.1) and loss["tail"] == pytest.approx(0.2)
+    assert loss["other"] == pytest.approx(0.0, abs=1e-9)  # 3.5 = 1.0 startup + 2.2 steps + 0.1 + 0.2
+
+
+def test_a_snapshot_rank_0_did_not_report_counts_with_the_slowest_rank_that_did(tmp_path: Path) -> None:
+    events = [
+        _ev("run_start", 0.0, world_size=4, config={}),
+        _step(0, 1.0, 2.0),
+        _ev("snapshot", 2.3, 2, step=0, blocked_s=0.3, copy_s=0.3, bytes=1),
+        _ev("snapshot", 2.2, 3, step=0, blocked_s=0.2, copy_s=0.2, bytes=1),
+        _step(1, 2.3, 3.3),
+        _ev("run_end", 3.5, step=1, status="completed"),
+    ]
+    _write(tmp_path / "events.rank0.jsonl", events)
+    assert summarize(tmp_path)["loss_s"]["snapshot_stall"] == pytest.approx(0.3)
 
 
 def test_slow_steps_names_the_kept_steps_over_twice_the_median_and_their_time_beyond_it(
