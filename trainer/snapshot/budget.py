@@ -10,6 +10,7 @@ on every restart alike: so it is an UnrecoverableError, reported in one line.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from trainer.errors import UnrecoverableError
@@ -41,8 +42,7 @@ def check_fits(directory: Path, bytes_per_copy: int, *, local_ranks: int, replic
     """
     directory.mkdir(parents=True, exist_ok=True)
     st = os.statvfs(directory)
-    held = sum(p.stat().st_size for pattern in _SLOT_FILES for p in directory.glob(pattern) if p.is_file())
-    available = st.f_bavail * st.f_frsize + held
+    available = st.f_bavail * st.f_frsize + _held_bytes(directory)
     copies = copies_per_rank(replicated)
     need = copies * bytes_per_copy * local_ranks
     if need > available:
@@ -59,6 +59,23 @@ def check_fits(directory: Path, bytes_per_copy: int, *, local_ranks: int, replic
             f"a larger /dev/shm (chart: shmSize) or turn snapshots off ({off})",
         )
     return need
+
+
+def _held_bytes(directory: Path) -> int:
+    """Bytes of the slot files in `directory` now. The pod's other ranks replace and remove their files
+    while this runs (a replica's receive unlinks the slot it replaces), so a file listed and gone by the
+    time it is measured is skipped: in `make demo` that race stopped a rank with FileNotFoundError in the
+    middle of training, an in-process restart nobody injected."""
+    held = 0
+    for pattern in _SLOT_FILES:
+        for path in directory.glob(pattern):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                held += st.st_size
+    return held
 
 
 def replica_limit(bytes_per_copy: int) -> int:

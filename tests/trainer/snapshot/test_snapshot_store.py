@@ -233,6 +233,26 @@ def test_budget_names_the_field_when_shm_is_too_small(tmp_path: Path) -> None:
         check_fits(tmp_path, free, local_ranks=1)
 
 
+def test_budget_skips_a_slot_file_another_rank_removes_while_it_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slot file listed, seen to be a file, and gone before its size is read (the pod's other rank
+    replaced its replica meanwhile): counted as absent, not a FileNotFoundError in the training loop."""
+    (tmp_path / "replicas").mkdir()
+    kept = tmp_path / "rank0.slot0"
+    kept.write_bytes(b"x" * 4096)
+    gone = tmp_path / "replicas" / "rank2.slot1"  # never created: removed right after the listing
+    real_glob = Path.glob
+
+    def glob(self: Path, pattern: str):  # type: ignore[no-untyped-def]
+        found = list(real_glob(self, pattern))
+        return found + [gone] if pattern.startswith("replicas/") else found
+
+    monkeypatch.setattr(Path, "glob", glob)
+    monkeypatch.setattr(Path, "is_file", lambda self: True)  # it was there when checked
+    assert check_fits(tmp_path, 1 << 20, local_ranks=1) == 2 << 20
+
+
 def test_codec_keeps_tuples_and_non_string_keys() -> None:
     state = {"a": (1, 2.5, None), 3: [torch.arange(4), {"b": True}], "c": torch.tensor(1.5)}
     skeleton, tensors = codec.flatten(state)
