@@ -246,7 +246,7 @@ def test_budget_skips_a_slot_file_another_rank_removes_while_it_counts(
 
     def glob(self: Path, pattern: str):  # type: ignore[no-untyped-def]
         found = list(real_glob(self, pattern))
-        return found + [gone] if pattern.startswith("replicas/") else found
+        return [*found, gone] if pattern.startswith("replicas/") else found
 
     monkeypatch.setattr(Path, "glob", glob)
     monkeypatch.setattr(Path, "is_file", lambda self: True)  # it was there when checked
