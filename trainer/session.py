@@ -116,6 +116,9 @@ class Session:
             ),
             events=events,
             commit_in_background=True,  # the loop's step boundaries wait for no save's commit
+            # NVRx's worker starts after the first step, not beside the restore; with snapshots a save due
+            # before it is up is written from its snapshot in this process (without, it would wait for it)
+            start_writers_later=cfg.snapshot.enabled,
         )
         self.ckpt = CheckpointLoop(manager, cfg.ckpt, events, rank=proc.rank, last_step=cfg.run.steps - 1)
         self.known_groups = process_groups()

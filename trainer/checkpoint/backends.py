@@ -190,14 +190,23 @@ class NvrxBackend:
     _prewarm: threading.Thread | None = None
     _lock = threading.Lock()
 
-    def __init__(self, write_timeout_s: float, progress: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, write_timeout_s: float, progress: Callable[[], None] | None = None, *, start_worker: bool = True
+    ) -> None:
+        """`start_worker` False: the worker starts at `start_worker()` (or the first save that needs it),
+        not now."""
         self.write_timeout_s = write_timeout_s
         self.progress = progress
         """Called while start() waits for the worker (a cold start takes seconds to a minute on a loaded
         host): the in-process Wrapper must not take that wait, bounded by write_timeout_s, for a hang,
         or every restart kills the starting worker and the next first save waits for a new one."""
         self.stager = Stager()
-        self._queue_in_use = self._shared_queue()
+        self._queue_in_use = self._shared_queue() if start_worker else None
+
+    def start_worker(self) -> None:
+        """Start the shared worker (its warm-up runs in a thread) unless this backend has one."""
+        if self._queue_in_use is None:
+            self._queue_in_use = self._shared_queue()
 
     @classmethod
     def _shared_queue(cls) -> Any:
@@ -239,7 +248,10 @@ class NvrxBackend:
     def worker_ready(self) -> bool:
         """Whether a save handed over now would not wait for the worker's start-up (never blocks)."""
         prewarm = NvrxBackend._prewarm
-        return self._queue_in_use is NvrxBackend._queue and (prewarm is None or not prewarm.is_alive())
+        queue = self._queue_in_use
+        return (
+            queue is not None and queue is NvrxBackend._queue and (prewarm is None or not prewarm.is_alive())
+        )
 
     def wait_for_worker(
         self, progress: Callable[[], None] | None, cancel: threading.Event | None = None
@@ -289,6 +301,7 @@ class NvrxBackend:
         request = AsyncRequest(save_fn, save_args, [], preload_fn=nvrx_async.cpu_safe_preload(preload_fn))
         nvrx_async.drain_stale_results()  # no save of this process is in flight: anything queued is stale
         queue = self._queue_in_use
+        assert queue is not None  # wait_for_worker made it
         index = self._bounded(
             lambda: queue.schedule_async_request(request), "hand the save to the worker", progress
         )
@@ -379,11 +392,18 @@ def _close_shared_queue() -> None:
         NvrxBackend._queue = None
 
 
-def make_backend(mode: str, write_timeout_s: float, progress: Callable[[], None] | None = None) -> Any:
+def make_backend(
+    mode: str,
+    write_timeout_s: float,
+    progress: Callable[[], None] | None = None,
+    *,
+    start_worker: bool = True,
+) -> Any:
+    """The writer of `mode`; `start_worker` False defers starting NVRx's worker (NvrxBackend)."""
     if mode == "sync":
         return SyncBackend()
     if mode == "torch-async":
         return TorchAsyncBackend()
     if mode == "nvrx":
-        return NvrxBackend(write_timeout_s, progress)
+        return NvrxBackend(write_timeout_s, progress, start_worker=start_worker)
     raise ValueError(f"mode: unknown checkpoint mode {mode!r}")

@@ -74,7 +74,14 @@ class CheckpointLoop:
     # ----------------------------------------------------------------------------------------- steps
     def after_step(self, step: int, state: dict[str, Any], snapshot: Any = None) -> None:
         """Save when policy says so (at the interval and after the last step); else poll a pending save.
-        `snapshot`: the snapshot taken at this step boundary (or None); a save reuses it (manager.save)."""
+        `snapshot`: the snapshot taken at this step boundary (or None); a save reuses it (manager.save).
+
+        The writers' helper processes start here, after the attempt's first step, not with the manager:
+        NVRx's worker is a fresh interpreter importing torch (seconds of CPU per rank) and, started with
+        the manager, it ran beside the restore of every rank of a restarted job on the same cores (the
+        replaced node's ranks took 0.8-1.6 s to build the model in `make demo` instead of 0.1 s). A save
+        due before the worker is up is written in this process (from_snapshot.py's fallback)."""
+        self.manager.start_writers()
         if self.manager.should_save(step, self.last_step):
             self._save(step, state, snapshot)
         else:

@@ -127,11 +127,13 @@ class CheckpointManager:
         hooks: CheckpointHooks | None = None,
         events: Any = None,
         commit_in_background: bool = False,
+        start_writers_later: bool = False,
     ) -> None:
         """`commit_in_background`: an asynchronous save's agreement, seal and commit run in a thread of
         their own (committer.py) instead of in the caller's maybe_finalize calls; the caller's wait(),
         its next save and restore join that thread. The training loop sets it; maybe_finalize then
-        does nothing."""
+        does nothing. `start_writers_later`: NVRx's worker starts at start_writers() (the loop calls it
+        after the first step of each attempt), not while the process builds and restores."""
         if not dist.is_initialized():
             raise RuntimeError("CheckpointManager needs an initialized default process group")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
@@ -179,7 +181,9 @@ class CheckpointManager:
         # Manager) that its exit would have to wait for (a fresh-clone `make test` saw a refused job still
         # alive after 120 s, its exit waiting on the Manager's start-up).
         self.lineage = self._claim()
-        self._backend = make_backend(cfg.mode, cfg.write_timeout_s, self.hooks.progress)
+        self._backend = make_backend(
+            cfg.mode, cfg.write_timeout_s, self.hooks.progress, start_worker=not start_writers_later
+        )
         self._from_snapshot = (  # saves that reuse the snapshot of their step (from_snapshot.py)
             FromSnapshot(
                 self._backend,
@@ -212,6 +216,12 @@ class CheckpointManager:
             raise UnrecoverableError("ckpt_dir", what)
         self.lease.job = what
         return str(lineage)
+
+    def start_writers(self) -> None:
+        """Start the writers' helper processes (NVRx's worker) if they are not started yet; cheap after."""
+        start = getattr(self._backend, "start_worker", None)
+        if start is not None:
+            start()
 
     # ----------------------------------------------------------------------------------------- policy
     def should_save(self, step: int, last_step: int = -1) -> bool:
