@@ -255,6 +255,12 @@ class FromSnapshot:
     def finish(self, token: SnapshotWrite, gathered: list[Any]) -> None:
         token.backend.finish(token.inner, gathered)
 
+    def release(self, token: SnapshotWrite) -> None:
+        """The save is committed: drop its writer (NVRx's holds the write buckets of the whole state).
+        Called where the commit runs (the manager's commit thread in a training run); dropped at the next
+        start() instead, the buckets of a 1 GiB shard took 0.3 s of the loop's time to free."""
+        token.inner = None
+
     def abort(self) -> None:
         """Stop the current write: the thread stops before writing (or its cancellable writer at its next
         write); the inner backend's writers are stopped as for a direct save."""

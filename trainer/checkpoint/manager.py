@@ -460,6 +460,9 @@ class CheckpointManager:
             p.backend.abort()
             raise CheckpointWriteError(f"checkpoint of step {p.step} failed at commit: {detail}", p.step)
         self.committed_step = p.step
+        release = getattr(p.backend, "release", None)
+        if release is not None:
+            release(p.token)
 
     def _write_commit(self, p: _Pending, gathered: list[dict[str, Any]]) -> tuple[bool, str]:
         """Rank 0: metadata (NVRx), manifest, rename, retention, event. Returns (ok, path or reason)."""
