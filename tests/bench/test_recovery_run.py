@@ -39,8 +39,11 @@ def test_full_restart_scenario_recovers_and_is_measured(tmp_path):
     # closed one it failed at once, exits [1, 1]).
     assert rec["pod_exits"] == [1, 0] and rec["rc"] == 0, rec
     # Saved after steps 2 and 5, fault at the start of step 7: step 6 is redone, and steps 3-5 as well
-    # when the async save of step 5 had not committed yet (the node-local copy is gone on a full restart).
-    assert rec["steps_recomputed"] in (1, 4)
+    # when the async save of step 5 had not committed yet (its commit thread was still at work when the
+    # pod exited; the node-local copy is gone on a full restart). Step 6 counts as in flight (not among
+    # the recomputed steps) when the faulting rank's event came before rank 0 logged step 6's end:
+    # rank 1 starts step 7 the moment the step's all_reduce returns on both ranks.
+    assert rec["steps_recomputed"] in (1, 3, 4), rec
     assert 0 < rec["detection_s"] < rec["mttr_s"] < cfg.run_timeout_s
     assert rec["regain_s"] > rec["mttr_s"]
     assert set(rec["phases"]) == {"detect", "restart", "init", "load", "first_step"}
