@@ -63,7 +63,7 @@ COPY pyproject.toml README.md ./
 COPY trainer/ ./trainer/
 RUN pip install --no-deps . \
  && cd / \
- && python -c "import torch, nvidia_resiliency_ext, xxhash, trainer.config, trainer.metrics; print('torch', torch.__version__)" \
+ && python -c "import torch, nvidia_resiliency_ext, xxhash, trainer.config.train_config, trainer.events.metrics; print('torch', torch.__version__)" \
  && ft_launcher --help > /dev/null \
  && fi_info --version
 

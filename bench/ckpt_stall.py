@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 MODES = ("sync", "torch-async", "nvrx", "nvrx-from-snapshot")
 """The checkpoint modes, and `nvrx-from-snapshot`: the chart's default (nvrx with a snapshot every step),

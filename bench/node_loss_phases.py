@@ -1,7 +1,7 @@
 """Where a node loss's recovery time goes, measured repeatedly: the demo's node loss (2 pods x 2 ranks and
 a hot spare, snapshots every step replicated to the other node, the demo's model and batch) as local pods,
 with the phases of tools/recovery_phases.py and, inside the restore phase, each rank's `spans` (the
-`restore` event's breakdown, trainer/spans.py) for the ranks the restart started.
+`restore` event's breakdown, trainer/events/spans.py) for the ranks the restart started.
 
     python -m bench.node_loss_phases [--reps 3] [--tree A=PATH --tree B=PATH ...] [--out FILE]
 
@@ -26,7 +26,7 @@ from bench import recovery_pods
 from bench.recovery_pods import FAIL_JOB_EXIT_CODES, PodsConfig, PodsScenario, make_data, measure
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.recovery_phases import PHASES
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIO = PodsScenario("node-loss/demo", 2, 1, 2, ("node-loss:step=8:node=1",), snapshots=True, steps=12)
@@ -36,7 +36,7 @@ DEMO_SHAPES = {"data.seq_len": 128, "data.micro_batch_size": 4}
 
 def pod_specs(tree: Path, run_dir: Path, data: Path, port: int, cfg: PodsConfig) -> list[PodSpec]:
     """The scenario's pods (bench.recovery_pods.pod_specs) with the demo's batch, running `tree`'s trainer."""
-    from trainer.components import chart_values
+    from trainer.config.components import chart_values
 
     return recovery_pods.pod_specs(
         SCENARIO, cfg, run_dir, data, port, extra_values=chart_values(DEMO_SHAPES), tree=tree
@@ -72,7 +72,7 @@ def run_once(tree: Path, run_dir: Path, data: Path, cfg: PodsConfig) -> dict[str
 
 def restart_spans(out: Path) -> dict[str, dict[str, float]]:
     """Each rank's `spans` of its first restore after the node loss (rank -> span -> seconds)."""
-    from trainer.metrics import read_events
+    from trainer.events.metrics import read_events
 
     events = read_events(out)[0] if out.is_dir() else []
     faults = [float(e["t"]) for e in events if e["ev"] == "fault_injected" and e["fault"] == "node-loss"]

@@ -20,7 +20,7 @@ hang/tier2             hang         in-process off: ft_launcher's heartbeat time
 
 Per run it records, from the events: ``detection_s`` (fault -> first ``fault_detected``; for a full
 restart, fault -> the launcher's exit), ``mttr_s`` (fault -> start of the first step after it, from
-``trainer.metrics.summarize``: the recovery proper, what the planner calls MTTR), ``resume_s`` (the
+``trainer.events.metrics.summarize``: the recovery proper, what the planner calls MTTR), ``resume_s`` (the
 same, computed here from rank 0's events as a cross-check), ``regain_s`` (fault -> start of the
 faulted step again: MTTR plus the recompute back to where the fault hit), ``steps_recomputed``,
 ``load_s`` and a phase breakdown (detect, restart until the process/iteration starts, init until the
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recovery_measure import aggregate, measure
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -119,15 +119,23 @@ class RecoveryConfig:
 
 
 def make_data(path: Path, cfg: RecoveryConfig) -> Path:
-    """Write the token file once (``python -m trainer.data``)."""
+    """Write the token file once (``python -m trainer.reference.data``)."""
     if not path.exists():
         with warnings.catch_warnings():  # torch's import warns that pynvml is deprecated; not ours
             warnings.simplefilter("ignore", FutureWarning)
-            from trainer.model import PRESETS  # the vocabulary must fit the preset
+            from trainer.reference.model import PRESETS  # the vocabulary must fit the preset
 
         path.parent.mkdir(parents=True, exist_ok=True)
         vocab = PRESETS[cfg.preset].vocab_size
-        cmd = [sys.executable, "-m", "trainer.data", "--out", str(path), "--tokens", str(cfg.tokens)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer.reference.data",
+            "--out",
+            str(path),
+            "--tokens",
+            str(cfg.tokens),
+        ]
         subprocess.run([*cmd, "--vocab", str(vocab), "--seed", "0"], check=True, cwd=REPO)
     return path
 
@@ -136,7 +144,7 @@ def pod_values(cfg: RecoveryConfig, sc: Scenario) -> dict[str, Any]:
     """The chart values of one scenario: one local node, the benchmark's run and timeouts. The launcher's
     stop and term timeouts and the rendezvous join timeout keep ft_launcher's and torch's own defaults
     (30 s, 1800 s, 600 s), which the recovery figures were measured with."""
-    from trainer.components import chart_values
+    from trainer.config.components import chart_values
     from trainer.resilience.timeouts import DEFAULT_LIVENESS_TIMEOUT
 
     launcher = {

@@ -28,7 +28,7 @@ def measure(
     out_dir: Path, sc: MeasuredScenario, t_launch: float, exits: Sequence[dict[str, float]], rc: int | None
 ) -> dict[str, Any]:
     """Recovery figures of one run from its event files (and the pod exits, for a full restart)."""
-    from trainer.metrics import read_events, summarize
+    from trainer.events.metrics import read_events, summarize
 
     summary = summarize(out_dir)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -27,9 +27,9 @@ compound/spare-during-join/2-spares
 compound/monitors-then-rank     ft_launcher's rank monitors killed, then a rank SIGKILLed
 ==============================  ================================================================
 
-Per run: the MTTR of every fault (trainer.metrics.summarize: fault -> first step after it), for a compound
-scenario the single fault's MTTR measured in the same run (its first fault) and the compound one's (its
-last), worker-group restarts, pod attempts per index (a whole-job restart shows as a replaced pod that
+Per run: the MTTR of every fault (trainer.events.metrics.summarize: fault -> first step after it), for a
+compound scenario the single fault's MTTR measured in the same run (its first fault) and the compound one's
+(its last), worker-group restarts, pod attempts per index (a whole-job restart shows as a replaced pod that
 nobody killed), ``linger_s`` (first pod that finished -> last pod gone), the hot spare that took over and
 where the last recovery's time went (tools/recovery_phases.py).
 """
@@ -52,7 +52,7 @@ from bench.recovery_measure import spread
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
 from tools.recovery_phases import launcher_events, phases
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FAIL_JOB_EXIT_CODES = (2, 93)  # the chart's failJobExitCodes
@@ -192,7 +192,7 @@ class PodsConfig:
 
 def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
     """The chart values of a scenario: the demo's timeouts, a small sync-checkpointed CPU run."""
-    from trainer.components import chart_values
+    from trainer.config.components import chart_values
 
     trainer = chart_values(
         {
@@ -236,8 +236,8 @@ def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
 
 def make_data(path: Path, cfg: PodsConfig) -> Path:
     if not path.exists():
-        from trainer.data import write_synthetic_tokens
-        from trainer.model import PRESETS
+        from trainer.reference.data import write_synthetic_tokens
+        from trainer.reference.model import PRESETS
 
         path.parent.mkdir(parents=True, exist_ok=True)
         write_synthetic_tokens(path, cfg.tokens, PRESETS["tiny"].vocab_size, seed=3)
@@ -280,7 +280,7 @@ def pod_specs(
 
 
 def _read_events(out: Path) -> list[dict[str, Any]]:
-    from trainer.metrics import read_events
+    from trainer.events.metrics import read_events
 
     return read_events(out)[0] if out.is_dir() else []
 
@@ -460,7 +460,7 @@ def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> di
 def measure(
     sc: PodsScenario, run_dir: Path, result: JobResult, action: dict[str, Any] | None, wall_s: float
 ) -> dict[str, Any]:
-    from trainer.metrics import summarize
+    from trainer.events.metrics import summarize
 
     out = run_dir / "out"
     summary = summarize(out) if out.is_dir() else {}

@@ -266,7 +266,7 @@ def _lines(out: Path) -> int:
 def exporter_scrape(ranks: int, steps: int, work_dir: Path) -> dict[str, Any]:
     """Fold a run of `ranks` x `steps`, append one step, scrape: cost of that scrape (module doc)."""
     from bench.scale_events import write_run
-    from trainer.metrics_export import EventTail, fold_families
+    from trainer.events.metrics_export import EventTail, fold_families
 
     out = work_dir / f"run_{ranks}_{steps}"
     shutil.rmtree(out, ignore_errors=True)

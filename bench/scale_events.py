@@ -5,7 +5,7 @@ rank's `run_start` and `restore`, each node's `snapshot`/`replica` (every `snaps
 rank's `ckpt_save` and rank
 0's `ckpt_commit` (every `ckpt_every` steps), and faults: each one is injected on a rank, detected by
 every rank, restored to the last snapshot or commit and its steps redone. Times are exact multiples of
-`step_s`, so the figures are predictable. The lines are the ones `trainer.metrics.EventLog` writes
+`step_s`, so the figures are predictable. The lines are the ones `trainer.events.metrics.EventLog` writes
 (same keys; only `t`/`pid` are synthetic).
 """
 

@@ -21,14 +21,14 @@ def plan_from_summary(
     ckpt_interval_steps: int | None = None,
     fixed_s: float = 0.0,
 ) -> Plan:
-    """The planner inputs measured in one run's ``summary.json`` (Contract 3, ``trainer.metrics``).
+    """The planner inputs measured in one run's ``summary.json`` (Contract 3, ``trainer.events.metrics``).
 
     - step time = productive_s / steps; interval = checkpoint interval in steps x step time (or
       ``interval_s``);
     - stall = mean blocked time per save (``ckpt.stall_s.mean``);
     - snapshot overhead = the snapshots' blocked time per productive second (``snapshot_overhead``);
     - one tier per tier number seen, with its share of the faults and the median of its ``mttr_s``
-      (fault -> first kept step after it; ``trainer.metrics`` keeps the *last* execution of each step,
+      (fault -> first kept step after it; ``trainer.events.metrics`` keeps the *last* execution of each step,
       so that is the first step after the restart, and the work lost is the earlier execution of the
       recomputed steps - the model's ``recompute``, not part of the MTTR);
     - rollback ``checkpoint`` when one of that tier's faults restored the durable checkpoint (its
@@ -72,7 +72,7 @@ def plan_from_summary(
 
 def snapshot_overhead(summary: dict[str, Any]) -> float:
     """Seconds the snapshots blocked the loop per productive second: the loss breakdown's snapshot_stall
-    (trainer.metrics), or in older summaries every snapshot's blocked time."""
+    (trainer.events.metrics), or in older summaries every snapshot's blocked time."""
     productive = float(summary.get("productive_s") or 0.0)
     loss = summary.get("loss_s") or {}
     blocked = loss.get("snapshot_stall")
@@ -106,7 +106,7 @@ def _fitted_tier(name: str, faults: list[tuple[float, str, int]], n: int, step_s
 def incidents(faults: Sequence[dict[str, Any]], window_s: float = 5.0) -> list[dict[str, Any]]:
     """Merge fault reports that are one incident: a node loss makes every rank of the node report it.
     Node-loss reports of the same step within ``window_s`` of the first become one, keeping the first
-    (its MTTR runs from the earliest report). trainer.metrics' summary already merges them; this keeps
+    (its MTTR runs from the earliest report). trainer.events.metrics' summary already merges them; this keeps
     older summaries right. Other kinds fire once per spec, so two reports are two faults."""
     merged: list[dict[str, Any]] = []
     for f in sorted(faults, key=lambda f: float(f.get("t") or 0.0)):

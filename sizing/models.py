@@ -1,12 +1,12 @@
 """Checkpoint bytes of a model: parameters x bytes per parameter (weights plus optimizer state).
 
-The preset shapes are copied from trainer/model.py PRESETS (this package must not import the trainer,
-which needs torch); tests/sizing checks the parameter counts against the trainer's own `num_params`.
+The preset shapes are copied from trainer/reference/model.py PRESETS (this package must not import the
+trainer, which needs torch); tests/sizing checks the parameter counts against the trainer's own `num_params`.
 """
 
 from __future__ import annotations
 
-# (dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden) of trainer/model.py PRESETS.
+# (dim, n_layers, n_heads, n_kv_heads, vocab_size, ffn_hidden) of trainer/reference/model.py PRESETS.
 PRESET_SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "tiny": (128, 4, 4, 2, 2048, 384),
     "small": (512, 8, 8, 4, 32000, 1536),

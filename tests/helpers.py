@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELM = REPO_ROOT / ".tools" / "bin" / "helm"

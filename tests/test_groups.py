@@ -8,8 +8,8 @@ from tests.groups import HEAVY, group_of
 
 
 def test_heavy_modules_share_one_group_infra_another_and_the_rest_their_own() -> None:
-    heavy = {"tests/trainer/test_exact_resume.py", "tests/bench/test_recovery_run.py"}
-    assert group_of("tests/trainer/test_exact_resume.py::test_x[a]", heavy) == HEAVY
+    heavy = {"tests/trainer/runtime/test_exact_resume.py", "tests/bench/test_recovery_run.py"}
+    assert group_of("tests/trainer/runtime/test_exact_resume.py::test_x[a]", heavy) == HEAVY
     assert group_of("tests/bench/test_recovery_run.py::test_y", heavy) == HEAVY
     assert group_of("tests/infra/test_stacks.py::test_z", heavy) == "infra"
     assert group_of("tests/chart/test_lint.py::test_w", heavy) == "tests/chart/test_lint.py"

@@ -20,9 +20,9 @@ For users with a deployed team environment (`cdk deploy`) and a kubeconfig point
    or with --keep, for inspection).
 
 With `--teams FILE` (the team: `--team`, default the namespace) a storage step runs first: a Job of one
-`python -m trainer.storage_probe` pod per node, all at once, writing and reading back files the size of one
-rank's checkpoint shard (one per GPU) on the team's FSx claim; the per-node and aggregate MB/s are printed
-against what the sizing package expects of the team's file system (tools/smoke_plan.py), and a figure
+`python -m trainer.checkpoint.storage_probe` pod per node, all at once, writing and reading back files the
+size of one rank's checkpoint shard (one per GPU) on the team's FSx claim; the per-node and aggregate MB/s are
+printed against what the sizing package expects of the team's file system (tools/smoke_plan.py), and a figure
 below `--storage-fraction` of it fails the smoke run with the numbers. `--storage-local DIR` runs the same
 step here instead, `--local-nodes` probe processes at once against a local directory, and nothing else.
 
@@ -322,7 +322,7 @@ def make_parser() -> argparse.ArgumentParser:
         "--suspend-running", action="store_true", help="suspend other trainer Jobs during the smoke run"
     )
     parser.add_argument("--render-only", action="store_true", help="print the manifests; no cluster")
-    storage = parser.add_argument_group("storage step (trainer.storage_probe against the sizing)")
+    storage = parser.add_argument_group("storage step (trainer.checkpoint.storage_probe against the sizing)")
     storage.add_argument("--teams", help="teams file: run the storage step with this team's sizing")
     storage.add_argument("--team", help="the team in --teams (default: the namespace)")
     storage.add_argument(

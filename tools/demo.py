@@ -34,8 +34,8 @@ from tools.podcommand import LOCAL_KEY_FILES
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod, with_trainer_options
 from tools.recovery_phases import describe, launcher_events, phases, warm_starts
 from tools.timeline import draw
-from trainer.metrics import read_events, write_summary
-from trainer.ports import free_port
+from trainer.events.metrics import read_events, write_summary
+from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -337,7 +337,8 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
 
 
 def loss_terms(summary: dict[str, Any]) -> dict[str, float]:
-    """The summary's loss breakdown (trainer.metrics loss_breakdown) flat: one recovery term per fault."""
+    """The summary's loss breakdown (trainer.events.metrics loss_breakdown) flat: one recovery term per
+    fault."""
     loss = summary.get("loss_s") or {}
     out: dict[str, float] = {"startup": float(loss.get("startup", 0.0))}
     for fault, mttr in zip(summary.get("faults") or [], loss.get("recovery") or [], strict=False):
@@ -433,7 +434,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
 
 
 def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
-    """The slow steps (trainer.metrics slow_steps): counted as productive above, named here."""
+    """The slow steps (trainer.events.metrics slow_steps): counted as productive above, named here."""
     if not slow["steps"]:
         return []
     return [

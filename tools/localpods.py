@@ -31,7 +31,7 @@ from typing import Any
 from tools.localjob import JobResult, LocalJob, PodExit, PodSpec
 from tools.localpod import LOCAL_POD_ENV, POD_MARKER_ENV, LocalPod
 from tools.podcommand import LocalPlaces
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 __all__ = [
     "LOCAL_POD_ENV",

@@ -29,7 +29,7 @@ def _rank(rank: int, world_size: int, port: int, preset: str, steps: int, root: 
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
-    from trainer.model import PRESETS, build_model
+    from trainer.reference.model import PRESETS, build_model
     from trainer.snapshot.config import SnapshotConfig
     from trainer.snapshot.manager import Snapshots
 
@@ -128,7 +128,7 @@ def _summary(values: list[float], scale: float = 1.0, unit: str = "") -> str:
 def main() -> None:
     import torch.multiprocessing as mp
 
-    from trainer.ports import free_port
+    from trainer.runtime.ports import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", choices=("tiny", "small"))

@@ -127,7 +127,8 @@ def pod_argv(values: Mapping[str, Any], places: LocalPlaces) -> list[str]:
 
 def split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the command up to the trainer's options, the entry point's arguments): the cut is the first
-    ``--`` after ``-m trainer``, where the trainer itself cuts (trainer/config.py split_entry_args)."""
+    ``--`` after ``-m trainer``, where the trainer itself cuts (trainer/config/train_config.py
+    split_entry_args)."""
     for i in range(len(argv) - 1):
         if argv[i : i + 2] == ["-m", "trainer"]:
             rest = argv[i + 2 :]

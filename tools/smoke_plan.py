@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.components import chart_values
+from trainer.config.components import chart_values
 
 SUMMARY_MARKER = "RUN_SUMMARY "
 
@@ -203,7 +203,7 @@ def probe_args(
 ) -> list[str]:
     """The probe's command line in every pod (or local process)."""
     args = [
-        "python", "-m", "trainer.storage_probe",
+        "python", "-m", "trainer.checkpoint.storage_probe",
         f"--dir={directory}",
         f"--bytes={exp.bytes_per_file}",
         f"--files={exp.files_per_node}",

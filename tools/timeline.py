@@ -1,8 +1,8 @@
 """Draw a run's timeline (productive steps, recomputed steps, checkpoints, faults, recoveries) as a PNG,
 over the live goodput curve a collector scraping the trainer would have recorded.
 
-Reads the trainer's event files (Contract 3 in docs/design.md) through trainer.metrics; the curve is the
-exporter's own `trainer_goodput_ratio` (trainer/metrics_export.py) replayed at each scrape time.
+Reads the trainer's event files (Contract 3 in docs/design.md) through trainer.events.metrics; the curve is
+the exporter's own `trainer_goodput_ratio` (trainer/events/metrics_export.py) replayed at each scrape time.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ matplotlib.use("Agg")  # headless: the demo runs on machines with no display
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from trainer.metrics import read_events, summarize_events
-from trainer.metrics_export import live_goodput
+from trainer.events.metrics import read_events, summarize_events
+from trainer.events.metrics_export import live_goodput
 
 TIER_COLOURS = {1: "#e69f00", 2: "#d55e00"}
 SCRAPE_S = 1.0  # the replayed scrape interval (a cluster collector scrapes every 30 s)

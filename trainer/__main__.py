@@ -1,5 +1,5 @@
 """`python -m trainer`: parse and validate the configuration, then run the entry point under the library
-(trainer/api/entry.py `run`; the tiers are trainer/train.py)."""
+(trainer/api/entry.py `run`; the tiers are trainer/runtime/train.py)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     options = argv[: argv.index("--")] if "--" in argv else argv
     if "--check-config" not in options:
-        from trainer.verdict import recorded_line
+        from trainer.runtime.verdict import recorded_line
 
         line = recorded_line(argv, os.environ)
         if line is not None:  # an earlier start of this run met an error no restart can fix: before torch
-            from trainer.errors import EXIT_NO_RESTART
+            from trainer.config.errors import EXIT_NO_RESTART
 
             print(line, file=sys.stderr)
             return EXIT_NO_RESTART

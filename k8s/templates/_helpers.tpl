@@ -70,13 +70,13 @@ infra/instance_types.py loads too, so chart and infra cannot disagree. */}}
 {{- end }}
 {{- end }}
 
-{{/* The longest sequence a preset supports (its RoPE table); mirrors trainer/model.py PRESETS. */}}
+{{/* The longest sequence a preset supports (its RoPE table); mirrors trainer/reference/model.py PRESETS. */}}
 {{- define "trainer.maxSeqLen" -}}
 {{- $byPreset := dict "tiny" 512 "small" 2048 "1b" 8192 "8b" 8192 "70b" 8192 }}
 {{- get $byPreset .Values.preset | int }}
 {{- end }}
 
-{{/* The vocabulary size of a preset (for synthetic token files); mirrors trainer/model.py PRESETS. */}}
+{{/* The vocabulary size of a preset (for synthetic token files); mirrors trainer/reference/model.py PRESETS. */}}
 {{- define "trainer.vocabSize" -}}
 {{- $byPreset := dict "tiny" 2048 "small" 32000 "1b" 128256 "8b" 128256 "70b" 128256 }}
 {{- get $byPreset .Values.preset | int }}

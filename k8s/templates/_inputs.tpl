@@ -48,7 +48,7 @@ interpreter's search paths and start-up hooks (a user's PATH or LD_PRELOAD repla
 {{- end }}
 
 {{/*
-The trainer settings extraEnv may set, with the form the trainer parses (trainer/inputs.py ENV_SETTINGS
+The trainer settings extraEnv may set, with the form the trainer parses (trainer/config/inputs.py ENV_SETTINGS
 is the other half; tests/chart keeps the two in step). Seconds: a plain decimal above 0, at most a week.
 */}}
 {{- define "trainer.trainerEnvForms" -}}
@@ -60,7 +60,7 @@ is the other half; tests/chart keeps the two in step). Seconds: a plain decimal 
     | toJson }}
 {{- end }}
 
-{{/* The longest any seconds-valued setting may be (a week), as in trainer/inputs.py MAX_SECONDS. */}}
+{{/* The longest any seconds-valued setting may be (a week), as in trainer/config/inputs.py MAX_SECONDS. */}}
 {{- define "trainer.maxSeconds" -}}604800{{- end }}
 
 {{/*

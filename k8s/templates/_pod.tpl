@@ -296,7 +296,7 @@ spec:
           if [ "${JOB_COMPLETION_INDEX:-0}" = 0 ]; then
             mkdir -p "$(dirname "$DATA_PATH")"
             tmp="${DATA_PATH%.npy}.partial-$(hostname).npy"
-            python -m trainer.data --out "$tmp" --tokens {{ int64 $v.syntheticTokens }} --vocab {{ include "trainer.vocabSize" . }} --seed {{ int $v.seed }}
+            python -m trainer.reference.data --out "$tmp" --tokens {{ int64 $v.syntheticTokens }} --vocab {{ include "trainer.vocabSize" . }} --seed {{ int $v.seed }}
             mv "$tmp.meta.json" "$DATA_PATH.meta.json"  # its recorded max id: start-up checks skip a full scan
             mv "$tmp" "$DATA_PATH"
           else

@@ -38,7 +38,7 @@ capabilities:
 The scratch emptyDir mounted at /tmp in every container, with HOME=/tmp (trainer.env): all that the
 trainer's stack writes outside the mounted data paths lands here: Python's tempfiles, ft_launcher's and
 NVRx's sockets, torch inductor's cache (/tmp/torchinductor_<user>), Triton's (~/.triton), CUDA's JIT
-cache (~/.nv). tests/trainer/test_read_only_root.py runs the pod command on a read-only root to prove it.
+cache (~/.nv). tests/trainer/runtime/test_read_only_root.py runs the pod command on a read-only root to prove it.
 */}}
 {{- define "trainer.scratchVolume" -}}
 - name: scratch

@@ -71,7 +71,7 @@ def test_measure_reads_detection_resume_mttr_and_phases(tmp_path):
     assert rec["ok"] is True
     assert rec["detection_s"] == pytest.approx(0.5)
     assert rec["resume_s"] == pytest.approx(4.0)  # fault at 6, first step after it starts at 10
-    assert rec["mttr_s"] == pytest.approx(4.0)  # trainer.metrics agrees
+    assert rec["mttr_s"] == pytest.approx(4.0)  # trainer.events.metrics agrees
     assert rec["regain_s"] == pytest.approx(6.0)  # steps 3 and 4 are recomputed, step 5 starts at 12
     assert rec["steps_recomputed"] == 2
     assert rec["unplanned_restarts"] == 0

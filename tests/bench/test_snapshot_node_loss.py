@@ -1,7 +1,8 @@
 """bench.snapshot's node-loss scenario: a whole node lost, its ranks restored from the replica on the
 surviving node (`peer`), and the goodput planner's node-loss tier taking its rollback from that
 measurement instead of the assumed value. Cheap: the chart render, the record conversion on a node loss
-as trainer.metrics reports it, and the planner on bench.snapshot's file (the run itself: make bench)."""
+as trainer.events.metrics reports it, and the planner on bench.snapshot's file (the run itself: make
+bench)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_the_node_loss_scenario_loses_a_node_with_snapshots_replicated_to_its_pe
 
 def _pods_run(by_source: dict[str, list[int]], ok: bool = True) -> dict[str, Any]:
     """bench.recovery_pods.run's result for one node loss of node 1 (rank 1): rank 0, the survivor,
-    restored from its /dev/shm; `restored_from` is rank 0's source, as trainer.metrics reports it."""
+    restored from its /dev/shm; `restored_from` is rank 0's source, as trainer.events.metrics reports it."""
     fault = {"type": "node-loss", "step": 6, "rank": 1, "ranks": [1], "tier": 2, "steps_recomputed": 0,
              "restored_step": 5, "restored_from": "shm", "restored_by_source": by_source}  # fmt: skip
     fault["lost_restored_from"] = recovery_pods.lost_source(fault)

@@ -89,7 +89,7 @@ def rendered_trainer_config(tmp_path: Path, values: dict[str, Any]) -> Any:
 
     from tools.podcommand import launcher_argv
     from tools.podspec import expand
-    from trainer.config import config_from_args
+    from trainer.config.train_config import config_from_args
 
     data = tmp_path / "tokens.npy"
     np.save(data, np.zeros(4096, dtype=np.uint16))

@@ -123,7 +123,7 @@ def test_ft_launcher_accepts_the_rendered_flags(monkeypatch: pytest.MonkeyPatch)
 
 def parse_trainer(tmp_path: Path, values: dict[str, Any] | None = None) -> Any:
     """The trainer's validated TrainConfig for the rendered flags (with a real data file, on CPU)."""
-    from trainer.config import config_from_args
+    from trainer.config.train_config import config_from_args
 
     data = tmp_path / "tokens.npy"
     np.save(data, np.zeros(4096, dtype=np.uint16))
@@ -147,7 +147,7 @@ def test_trainer_accepts_the_rendered_flags(tmp_path: Path) -> None:
 
 
 def test_default_flags_parse_as_the_trainer_expects() -> None:
-    from trainer.config import make_parser
+    from trainer.config.train_config import make_parser
 
     _, trainer_flags = split(pod_argv()[0])
     args = make_parser().parse_args(trainer_flags)
@@ -272,7 +272,11 @@ def test_synthetic_data_init_container_matches_the_preset_vocabulary() -> None:
     init, check = pod["initContainers"]  # data first: the config check looks for the data file
     assert (init["name"], check["name"]) == ("synthetic-data", "check-config")
     script = init["args"][0]
-    assert "python -m trainer.data" in script and "--tokens 5000" in script and "--vocab 32000" in script
+    assert (
+        "python -m trainer.reference.data" in script
+        and "--tokens 5000" in script
+        and "--vocab 32000" in script
+    )
     without = by_kind(render(), "Job")[0]["spec"]["template"]["spec"]["initContainers"]
     assert [c["name"] for c in without] == ["check-config"]
 
@@ -322,7 +326,7 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
 
 
 def test_preset_vocabularies_mirror_the_trainer() -> None:
-    from trainer.model import PRESETS
+    from trainer.reference.model import PRESETS
 
     for preset, cfg in PRESETS.items():
         values = {"syntheticTokens": 10, "preset": preset, "seqLen": 128}

@@ -19,8 +19,13 @@ from hypothesis import strategies as st
 from tests.chart.helm import CHART, by_kind, env_of, rejection, render, template_result, trainer_container
 from tools.podcommand import launcher_argv
 from tools.podspec import expand
-from trainer.components import ENTRYPOINT_MAX, ENTRYPOINT_PATTERN, REFERENCE_ENTRYPOINT, check_entrypoint
-from trainer.config import ConfigError, config_from_args, split_entry_args
+from trainer.config.components import (
+    ENTRYPOINT_MAX,
+    ENTRYPOINT_PATTERN,
+    REFERENCE_ENTRYPOINT,
+    check_entrypoint,
+)
+from trainer.config.train_config import ConfigError, config_from_args, split_entry_args
 
 # Arguments that break or change type if pasted into YAML unquoted (YAML 1.1 or 1.2), or that a shell or
 # the kubelet would change: each must reach the entry point as exactly this string.

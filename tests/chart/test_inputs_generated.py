@@ -192,8 +192,8 @@ seconds_text = st.one_of(
     text=seconds_text,
 )
 def test_chart_and_trainer_agree_on_trainer_settings(tmp_path_factory, name: str, text: str) -> None:
-    from trainer.config import ConfigError
-    from trainer.inputs import check_env
+    from trainer.config.inputs import check_env
+    from trainer.config.train_config import ConfigError
 
     try:
         check_env({name: text})
@@ -214,7 +214,7 @@ def test_chart_and_trainer_agree_on_trainer_settings(tmp_path_factory, name: str
 
 def test_chart_knows_every_trainer_setting_extra_env_may_set() -> None:
     """Each TRAINER_* setting the trainer reads is either formed-checked by the chart or refused by it."""
-    from trainer.inputs import ENV_SETTINGS
+    from trainer.config.inputs import ENV_SETTINGS
 
     for name in sorted(n for n in ENV_SETTINGS if n.startswith("TRAINER_")):
         result = template_result({"extraEnv": {name: "not-a-valid-value!"}})

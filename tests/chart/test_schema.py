@@ -122,7 +122,7 @@ def test_chart_and_trainer_agree_on_nesting(timeouts: tuple[float, ...]) -> None
 
 
 def test_schema_fault_kinds_are_the_trainers() -> None:
-    from trainer.faults import FAULT_KINDS
+    from trainer.runtime.faults import FAULT_KINDS
 
     schema = json.loads((CHART / "values.schema.json").read_text())
     pattern = schema["properties"]["faults"]["additionalProperties"]["pattern"]

@@ -207,7 +207,7 @@ def test_one_instance_table_for_chart_schema_and_infra() -> None:
 
 
 def test_preset_sequence_limits_mirror_the_trainer() -> None:
-    from trainer.model import PRESETS
+    from trainer.reference.model import PRESETS
 
     for preset, cfg in PRESETS.items():
         render({"preset": preset, "seqLen": cfg.max_seq_len})

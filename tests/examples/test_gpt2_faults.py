@@ -9,7 +9,7 @@ run takes an exception (tier 1: the Wrapper restarts the attempt in the same pro
 memory), a SIGKILL (tier 2: ft_launcher restarts the workers, restored from /dev/shm) and the loss of
 node 1 whole (the spare takes its place and restores the lost node's rank from the survivor's replica).
 The digest at the end covers the model, the optimizer, the scheduler, the data position and every
-rank's RNG streams (trainer/state_hash.py): dropout masks drawn after a restore must be the same ones.
+rank's RNG streams (trainer/digest/state_hash.py): dropout masks drawn after a restore must be the same ones.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from tests.helpers import REPO_ROOT, free_port
 from tools.localjob import LocalJob
 from tools.localpods import node_places, node_pod_spec
 from tools.podcommand import LocalPlaces, pod_argv
-from trainer.components import chart_values
-from trainer.metrics import read_events
+from trainer.config.components import chart_values
+from trainer.events.metrics import read_events
 
 STEPS = 18
 # The node loss comes before the SIGKILL: in the first round node 1 is surely pod 1 (after a restart

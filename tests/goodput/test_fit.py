@@ -14,7 +14,7 @@ from tests.goodput._plans import TIERS
 
 
 def _summary(faults, efficiency=0.8):
-    # The shape trainer.metrics.summarize writes.
+    # The shape trainer.events.metrics.summarize writes.
     return {
         "steps": 100,
         "wall_s": 125.0,

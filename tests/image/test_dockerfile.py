@@ -101,7 +101,7 @@ def test_dockerignore_keeps_what_the_dockerfile_copies() -> None:
 def test_ignore_matcher_follows_docker_rules() -> None:
     patterns = ["*", "!trainer/", "**/__pycache__"]
     assert ignored("infra/app.py", patterns)
-    assert not ignored("trainer/model.py", patterns)
+    assert not ignored("trainer/reference/model.py", patterns)
     assert ignored("trainer/__pycache__/model.cpython-312.pyc", patterns)
     assert not ignored("keep.txt", [*patterns, "!keep.txt"])
 

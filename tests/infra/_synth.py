@@ -14,7 +14,13 @@ HERE = Path(__file__).resolve().parent
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 # What the image context holds: the allow-listed files and decoys .dockerignore must keep out.
-IMAGE_ALLOWED = ["Dockerfile", "pyproject.toml", "README.md", "trainer/__init__.py", "trainer/train.py"]
+IMAGE_ALLOWED = [
+    "Dockerfile",
+    "pyproject.toml",
+    "README.md",
+    "trainer/__init__.py",
+    "trainer/runtime/train.py",
+]
 IMAGE_DECOYS = [
     ".venv/bin/python",
     "node_modules/x/index.js",

@@ -182,8 +182,8 @@ def test_bad_observability_values_name_the_field(observability: dict[str, Any], 
 
 def _served_metric_names() -> set[str]:
     """Every sample name the trainer's exporter serves for a run with a fault, a save and an hour of age."""
-    from trainer.metrics import summarize_events
-    from trainer.metrics_export import run_families
+    from trainer.events.metrics import summarize_events
+    from trainer.events.metrics_export import run_families
 
     def ev(name: str, t: float, rank: int = 0, **fields: Any) -> dict[str, Any]:
         return {"ev": name, "t": t, "rank": rank, "pid": 1, "restart": 0, "iteration": 0, **fields}

@@ -16,7 +16,7 @@ GIB = 2**30
 
 
 def test_preset_parameter_counts_match_the_trainer() -> None:
-    from trainer.model import PRESETS
+    from trainer.reference.model import PRESETS
 
     assert {name: cfg.num_params() for name, cfg in PRESETS.items()} == PRESET_PARAMETERS
 

@@ -295,7 +295,7 @@ def test_suspends_and_resumes_other_training(tmp_path: Path) -> None:
 
 def test_installed_values_render_a_valid_faulted_run(tmp_path: Path) -> None:
     """What the tool installs: Contract 1 kept, valid Kubernetes, flags the trainer accepts."""
-    from trainer.config import config_from_args
+    from trainer.config.train_config import config_from_args
 
     rc, helm, _ = run_smoke(lambda a: completes(a, summary()), tmp_path)
     assert rc == 0

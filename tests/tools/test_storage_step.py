@@ -139,7 +139,7 @@ def test_the_probe_job_is_a_valid_manifest_with_the_probe_command() -> None:
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "111111111111.dkr.ecr.us-east-2.amazonaws.com/trainer:f00d"
-    assert container["command"][:3] == ["python", "-m", "trainer.storage_probe"]
+    assert container["command"][:3] == ["python", "-m", "trainer.checkpoint.storage_probe"]
     assert "--dir=/fsx/smoke/storage/run-1/$(JOB_COMPLETION_INDEX)" in container["command"]
     assert "--bytes=6000000000" in container["command"] and "--files=8" in container["command"]
     assert "--expect-mbps=200.000" in container["command"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tools.timeline import draw, goodput_curve
-from trainer.metrics import read_events, summarize
+from trainer.events.metrics import read_events, summarize
 
 
 def _write(out: Path) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainer.model import ModelConfig, build_model
+from trainer.reference.model import ModelConfig, build_model
 
 SMALL = ModelConfig(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
 

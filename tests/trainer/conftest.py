@@ -17,8 +17,8 @@ from tests.helpers import free_port
 
 @pytest.fixture(scope="session")
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
-    from trainer.model import PRESETS
+    from trainer.reference.data import write_synthetic_tokens
+    from trainer.reference.model import PRESETS
 
     return write_synthetic_tokens(
         tmp_path_factory.mktemp("data") / "tokens.npy", 100_000, PRESETS["tiny"].vocab_size, seed=3

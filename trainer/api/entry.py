@@ -16,15 +16,15 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from trainer.api.job import TrainFn
-from trainer.components import check_entrypoint
-from trainer.config import split_entry_args
-from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line, printable
-from trainer.failures import one_line
-from trainer.settings import ConfigError
+from trainer.config.components import check_entrypoint
+from trainer.config.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line, printable
+from trainer.config.settings import ConfigError
+from trainer.config.train_config import split_entry_args
+from trainer.runtime.failures import one_line
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
-    from trainer.preflight import World
+    from trainer.config.train_config import TrainConfig
+    from trainer.runtime.preflight import World
 
 CHECK_ATTR = "__trainer_check__"
 
@@ -32,7 +32,7 @@ CHECK_ATTR = "__trainer_check__"
 def checked_by(check: Callable[[TrainConfig, World], None]) -> Callable[[TrainFn], TrainFn]:
     """Decorate a training function with a check of its own inputs (its data files, its arguments),
     run with the library's preflight: in the `check-config` init container (exit 2) and at every
-    worker's start (exit 93). Raise `trainer.settings.ConfigError(field, why)` for one clear line."""
+    worker's start (exit 93). Raise `trainer.config.settings.ConfigError(field, why)` for one clear line."""
 
     def mark(fn: TrainFn) -> TrainFn:
         setattr(fn, CHECK_ATTR, check)
@@ -106,27 +106,27 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
     argv = list(argv)
     check_only = "--check-config" in split_entry_args(argv)[0]
     final = EXIT_NO_RESTART if "TORCHELASTIC_RUN_ID" in os.environ and not check_only else EXIT_CONFIG
-    from trainer.verdict import recorded_line
+    from trainer.runtime.verdict import recorded_line
 
     line = None if check_only or recorded_checked else recorded_line(argv, os.environ)
     if line is not None:  # an earlier start of this run met an error no restart can fix
         print(line, file=sys.stderr)
         return EXIT_NO_RESTART
-    from trainer.config import config_from_args  # imports torch (the model presets)
+    from trainer.config.train_config import config_from_args  # imports torch (the model presets)
 
     try:
-        from trainer.inputs import check_env
+        from trainer.config.inputs import check_env
 
         check_env(os.environ)  # before the config: its timeouts read two of these settings
         cfg = config_from_args(argv)
         fn = train if train is not None else resolve(cfg.run.entrypoint)
-        from trainer.preflight import preflight
+        from trainer.runtime.preflight import preflight
 
         world = preflight(cfg, os.environ, check_config=check_only, entry_check=entry_check(fn))
     except UnrecoverableError as exc:
         print(error_line(exc), file=sys.stderr)
         if final == EXIT_NO_RESTART:  # a 0.4.1 ft_launcher relaunches anyway: the record ends those at once
-            from trainer.verdict import record_unrecoverable
+            from trainer.runtime.verdict import record_unrecoverable
 
             record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return final
@@ -139,13 +139,13 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
         level=os.environ.get("TRAINER_LOG_LEVEL", "WARNING"),
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s %(levelname)s %(message)s",
     )
-    from trainer.train import main as train_main  # torch.distributed imports only after validation
+    from trainer.runtime.train import main as train_main  # torch.distributed imports only after validation
 
     try:
         return train_main(cfg, fn)
     except UnrecoverableError as exc:  # raised before the loop (e.g. the metrics port taken meanwhile)
         print(error_line(exc), file=sys.stderr)
-        from trainer.verdict import record_unrecoverable
+        from trainer.runtime.verdict import record_unrecoverable
 
         record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return EXIT_NO_RESTART

@@ -25,15 +25,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
-from trainer import spans
 from trainer.api import misuse, rng
-from trainer.state_hash import state_digests
+from trainer.digest.state_hash import state_digests
+from trainer.events import spans
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
-    from trainer.faults import FaultInjector
-    from trainer.metrics import EventLog
-    from trainer.session import ProcessInfo, Session
+    from trainer.config.train_config import TrainConfig
+    from trainer.events.metrics import EventLog
+    from trainer.runtime.faults import FaultInjector
+    from trainer.runtime.session import ProcessInfo, Session
     from trainer.snapshot.manager import Snapshots
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,8 @@ class Job:
         self.finished = False
         """True once `loop` ran its last step and the final save committed."""
         self.final_digests: dict[str, Any] | None = None
-        """The final state's digests (trainer/state_hash.py), on rank 0 once `loop` finished; else None."""
+        """The final state's digests (trainer/digest/state_hash.py), on rank 0 once `loop` finished; else
+        None."""
         self.last_step = -1
 
     # What the training function may read.

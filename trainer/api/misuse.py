@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 
 RESERVED = ("model", "optim", "trainer", "scheduler")
 """Names of the library's own entries in a checkpoint; `state=` may not reuse them."""

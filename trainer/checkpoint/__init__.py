@@ -16,8 +16,8 @@
 - drain.py:    the local seal of a save and the start of its drain to `dir` (committed there after it).
 - local_restore.py: restore from the local tier, agreed by every rank (called by trainer/snapshot/restore.py).
 
-Names are imported lazily: `trainer.config` imports `trainer.checkpoint.config` while validating the
-command line, which must not import torch.distributed (`--check-config` runs without a process group).
+Names are imported lazily: `trainer.config.train_config` imports `trainer.checkpoint.config` while validating
+the command line, which must not import torch.distributed (`--check-config` runs without a process group).
 """
 
 from __future__ import annotations

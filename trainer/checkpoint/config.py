@@ -1,9 +1,10 @@
 """The one checkpoint configuration: a validated dataclass whose fields declare their own options.
 
 Each field's option, default, bounds, help and chart value are written once, here, with
-`trainer.settings.setting`; the trainer's `--ckpt-*` options are generated from them (trainer/config.py),
-so the CLI cannot drift from the manager's defaults. Errors name the option (`ckpt_interval: ...`).
-Stdlib only: `--check-config` imports this in an init container, before (and without) torch.distributed.
+`trainer.config.settings.setting`; the trainer's `--ckpt-*` options are generated from them
+(trainer/config/train_config.py), so the CLI cannot drift from the manager's defaults. Errors name the option
+(`ckpt_interval: ...`). Stdlib only: `--check-config` imports this in an init container, before (and
+without) torch.distributed.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainer.settings import ConfigError, check, setting
+from trainer.config.settings import ConfigError, check, setting
 
 CkptMode = Literal["nvrx", "torch-async", "sync"]
 MODES: tuple[str, ...] = ("nvrx", "torch-async", "sync")
@@ -79,7 +80,8 @@ class CheckpointConfig:
         None, "timeout of the checkpoint's own gloo groups", default=60.0, above=0, unit=" seconds"
     )
     """Timeout of the checkpoint's own gloo groups. No option: a training run derives it from
-    `Timeouts.collective_timeout` when it composes its configuration (trainer/config.py, one place)."""
+    `Timeouts.collective_timeout` when it composes its configuration (trainer/config/train_config.py, one
+    place)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 
 
 class CheckpointWriteError(RuntimeError):

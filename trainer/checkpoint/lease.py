@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 
 log = logging.getLogger(__name__)
 

@@ -61,7 +61,7 @@ from trainer.checkpoint.lease import Lease, job_uid
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
 from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 from trainer.resilience.progress import write_iteration_file
 from trainer.security.keys import checkpoint_key
 

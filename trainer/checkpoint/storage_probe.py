@@ -1,4 +1,5 @@
-"""`python -m trainer.storage_probe`: this node's shared-storage throughput, with checkpoint-sized files.
+"""`python -m trainer.checkpoint.storage_probe`: this node's shared-storage throughput, with
+checkpoint-sized files.
 
 The cluster smoke run starts it in every pod at once (tools/smoke_plan.py builds the Job), so the file
 system sees the load a durable checkpoint puts on it: each pod writes `--files` files of `--bytes` (one
@@ -214,7 +215,7 @@ def _positive_float(name: str, text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.storage_probe", description=__doc__.splitlines()[0]
+        prog="python -m trainer.checkpoint.storage_probe", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--dir", required=True, help="a directory on the file system to measure")
     parser.add_argument("--bytes", required=True, help="bytes per file (one rank's checkpoint shard)")

@@ -1,16 +1,16 @@
-"""The trainer's components and their settings, each declared once (trainer/settings.py).
+"""The trainer's components and their settings, each declared once (trainer/config/settings.py).
 
     run       RunConfig       where the run writes, how long it trains, seeds, device, tier 1
-    model     ModelOptions    the model size (a preset of trainer/model.py)
+    model     ModelOptions    the model size (a preset of trainer/reference/model.py)
     data      DataConfig      the token file and the batch shape
     timeouts  Timeouts        trainer/resilience/timeouts.py: every recovery timeout, checked to nest
     ckpt      CheckpointConfig  trainer/checkpoint/config.py
     snapshot  SnapshotConfig  trainer/snapshot/config.py
     metrics   MetricsConfig   the Prometheus endpoint
-    faults    FaultConfig     injected faults (trainer/faults.py)
+    faults    FaultConfig     injected faults (trainer/runtime/faults.py)
 
-`TrainConfig` (trainer/config.py) holds one of each; the CLI is generated from them in this order, and
-`CHART_TABLE` lists, from the same declarations, which chart value renders which option into which
+`TrainConfig` (trainer/config/train_config.py) holds one of each; the CLI is generated from them in this
+order, and `CHART_TABLE` lists, from the same declarations, which chart value renders which option into which
 field. Stdlib only: the harnesses (tools/, bench/) import this to build chart values without torch.
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.faults import FAULT_KINDS, FaultSpec
+from trainer.config.settings import ChartRow, ConfigError, chart_rows, check, setting
 from trainer.resilience.timeouts import Timeouts
-from trainer.settings import ChartRow, ConfigError, chart_rows, check, setting
+from trainer.runtime.faults import FAULT_KINDS, FaultSpec
 from trainer.snapshot.config import SnapshotConfig
 
 REFERENCE_ENTRYPOINT = "trainer.reference:train"
@@ -117,10 +117,11 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which model: a preset of trainer.model.PRESETS (checked by TrainConfig, which imports torch)."""
+    """Which model: a preset of trainer.reference.model.PRESETS (checked by TrainConfig, which imports
+    torch)."""
 
     preset: str = setting(
-        "--preset", "model size: a preset of trainer/model.py", default="tiny", chart="preset"
+        "--preset", "model size: a preset of trainer/reference/model.py", default="tiny", chart="preset"
     )
 
 
@@ -130,12 +131,12 @@ class DataConfig:
 
     path: Path = setting(
         "--data-path",
-        "token file (.npy) from python -m trainer.data",
+        "token file (.npy) from python -m trainer.reference.data",
         kind=Path,
         required=True,
         place="DATA_PATH",
     )
-    """Token file (.npy) written by `python -m trainer.data`."""
+    """Token file (.npy) written by `python -m trainer.reference.data`."""
     seq_len: int = setting("--seq-len", "tokens per sequence", default=128, chart="seqLen")
     """Bounded by the preset's max_seq_len (checked by TrainConfig)."""
     micro_batch_size: int = setting(
@@ -147,14 +148,14 @@ class DataConfig:
         object.__setattr__(self, "path", Path(self.path))
         if not _exists(self.path):  # the reference model needs a file (TrainConfig); a team's may be a folder
             raise ConfigError(
-                "data_path", f"{self.path} does not exist (write one with python -m trainer.data)"
+                "data_path", f"{self.path} does not exist (write one with python -m trainer.reference.data)"
             )
         check(self)
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """The Prometheus endpoint of local rank 0 on every node (trainer/metrics_export.py)."""
+    """The Prometheus endpoint of local rank 0 on every node (trainer/events/metrics_export.py)."""
 
     port: int = setting(
         "--metrics-port",
@@ -191,7 +192,8 @@ class FaultConfig:
         metavar="SPEC",
         chart="faults",
     )
-    """Parsed specs (trainer/faults.py); the chart renders its `faults` map as one --fault per entry."""
+    """Parsed specs (trainer/runtime/faults.py); the chart renders its `faults` map as one --fault per
+    entry."""
     seed: int = setting(
         "--fault-seed", "seed for rank=random", default=0, low=0, why="must be >= 0", chart="faultSeed"
     )
@@ -223,7 +225,9 @@ def chart_values(settings: Mapping[str, Any]) -> dict[str, Any]:
     `{"ckptInterval": 3}`): how the harnesses build chart values without writing chart keys."""
     unknown = sorted(set(settings) - set(_BY_FIELD))
     if unknown:
-        raise KeyError(f"no chart value renders {', '.join(unknown)} (trainer/components.py CHART_TABLE)")
+        raise KeyError(
+            f"no chart value renders {', '.join(unknown)} (trainer/config/components.py CHART_TABLE)"
+        )
     return {_BY_FIELD[name].value: value for name, value in settings.items()}
 
 
@@ -245,4 +249,4 @@ def data_file_error(path: Path) -> ConfigError | None:
     """The reference model's data is one token file: the error for anything else, or None."""
     if _is_file(path):
         return None
-    return ConfigError("data_path", f"{path} is not a file (write one with python -m trainer.data)")
+    return ConfigError("data_path", f"{path} is not a file (write one with python -m trainer.reference.data)")

@@ -14,7 +14,7 @@ import math
 import re
 from typing import NoReturn
 
-from trainer.settings import ConfigError
+from trainer.config.settings import ConfigError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _INT = re.compile(r"-?[0-9]+")

@@ -10,7 +10,7 @@ exactly as written.
   gives a short read (reported), not the SIGBUS a memory map of the vanished pages would.
 - Directories are looked up without tracebacks: a symlink loop (ELOOP) is one line naming the field.
 - Seconds are finite and at most a week (`timedelta(seconds=1e14)` overflows; no timeout needs more).
-- Environment settings are parsed by the same strict parsers as the flags (trainer/flags.py).
+- Environment settings are parsed by the same strict parsers as the flags (trainer/config/flags.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest any seconds-valued setting may be: a week (longer is a typo, and 1e14 overflows timedelta)."""
@@ -35,7 +35,7 @@ TOKEN_FILE_MAX_BYTES = 1 << 44  # 16 TiB: far above any token file, far below wh
 
 
 def _error(field: str, why: str) -> UnrecoverableError:
-    from trainer.settings import ConfigError  # light: no model, no torch
+    from trainer.config.settings import ConfigError  # light: no model, no torch
 
     return ConfigError(field, why)
 
@@ -183,7 +183,7 @@ def bounded_seconds(field: str, value: float | None) -> None:
 
 
 def _seconds_text(text: str) -> float:
-    from trainer.flags import finite_float
+    from trainer.config.flags import finite_float
 
     value = finite_float(text)
     if not 0 < value <= MAX_SECONDS:
@@ -192,7 +192,7 @@ def _seconds_text(text: str) -> float:
 
 
 def _port_text(text: str) -> int:
-    from trainer.flags import int64
+    from trainer.config.flags import int64
 
     value = int64(text)
     if not 1 <= value <= 65535:
@@ -202,7 +202,7 @@ def _port_text(text: str) -> int:
 
 def _count_text(low: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        from trainer.flags import int64
+        from trainer.config.flags import int64
 
         value = int64(text)
         if value < low:
@@ -238,7 +238,7 @@ def _endpoint_text(text: str) -> str:
 
 
 def _faults_text(text: str) -> str:
-    from trainer.faults import parse_fault
+    from trainer.runtime.faults import parse_fault
 
     for spec in (t.strip() for t in text.split(";")):
         if spec:

@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any
 
-from trainer.errors import UnrecoverableError, error_line
+from trainer.config.errors import UnrecoverableError, error_line
 
 
 class ConfigError(UnrecoverableError, ValueError):
     """An invalid configuration value; str() is `config error: <field>: why`, always one line.
 
-    An UnrecoverableError, so one raised after start-up is never retried either (trainer/errors.py).
+    An UnrecoverableError, so one raised after start-up is never retried either (trainer/config/errors.py).
     """
 
     def __init__(self, field_name: str, why: str) -> None:

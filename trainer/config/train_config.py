@@ -1,7 +1,7 @@
 """Typed trainer configuration and its command line, validated before any process group starts.
 
-`TrainConfig` composes one config per component (trainer/components.py); each declares its settings
-once (trainer/settings.py), and the CLI is generated from those declarations. Every check raises
+`TrainConfig` composes one config per component (trainer/config/components.py); each declares its settings
+once (trainer/config/settings.py), and the CLI is generated from those declarations. Every check raises
 ConfigError(field, why); `python -m trainer` prints it as `config error: <field>: why` and exits with
 status 2, so a bad chart value fails in seconds with the field named, instead of after a rendezvous, a
 process group and a model build.
@@ -20,7 +20,7 @@ from typing import Any
 
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.checkpoint.policy import next_due
-from trainer.components import (
+from trainer.config.components import (
     COMPONENTS,
     DataConfig,
     FaultConfig,
@@ -29,12 +29,12 @@ from trainer.components import (
     RunConfig,
     data_file_error,
 )
-from trainer.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
-from trainer.flags import FlagParser
-from trainer.inputs import resolved
-from trainer.model import PRESETS, ModelConfig
+from trainer.config.flags import FlagParser
+from trainer.config.inputs import resolved
+from trainer.config.settings import ConfigError, add_arguments, parsed
+from trainer.reference.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
-from trainer.settings import ConfigError, add_arguments, parsed
+from trainer.runtime.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
 from trainer.snapshot.config import SnapshotConfig
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_args", "make_parser"]

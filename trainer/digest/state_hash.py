@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-from trainer.state_digest_sharded import sharded_digests
+from trainer.digest.state_digest_sharded import sharded_digests
 
 
 def state_digests(entries: Mapping[str, Any]) -> dict[str, Any] | None:

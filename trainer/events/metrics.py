@@ -7,7 +7,8 @@ losing the tail of the log on a kernel crash is acceptable, stalling every step 
 
 `summarize()` reads those files back and derives the goodput figures; it is a pure function of the files,
 so the demo, the benchmarks and the tests all compute the same numbers. The live Prometheus figures
-(trainer/metrics_export.py) are `summarize_events()` of the same events, read while the run writes them.
+(trainer/events/metrics_export.py) are `summarize_events()` of the same events, read while the run
+writes them.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class EventLog:
         }
         record.update(fields)
         if ev == "restore":
-            from trainer import spans
+            from trainer.events import spans
 
             spans.mark("other")
             taken = spans.take()

@@ -1,14 +1,14 @@
 """Live Prometheus figures of a run, computed from the same event log as summary.json.
 
 Every scrape reads what the ranks appended to `<out-dir>/events.rank*.jsonl` since the last scrape (an
-offset per file, complete lines only), folds it into running aggregates (trainer/metrics_fold.py: the
-figures of `trainer.metrics.summarize`, memory bounded by the ranks and the last hour of steps) and turns
-them into metric families. So a scrape costs what was appended, the live numbers are the summary's,
+offset per file, complete lines only), folds it into running aggregates (trainer/events/metrics_fold.py: the
+figures of `trainer.events.metrics.summarize`, memory bounded by the ranks and the last hour of steps) and
+turns them into metric families. So a scrape costs what was appended, the live numbers are the summary's,
 counters survive worker restarts (they are counted from the log, not in a process that a tier-2 restart
 replaces), and a run that completed exports exactly what summary.json holds. docs/metrics.md lists every
 metric; the chart and the collectors (docs/infra.md) scrape it.
 
-trainer/metrics_server.py serves it over HTTP from a child process of local rank 0 of every pod (one
+trainer/events/metrics_server.py serves it over HTTP from a child process of local rank 0 of every pod (one
 endpoint per pod, so every pod the collector discovers answers, and `up` is per node). Only the process
 that is global rank 0 exports the run's figures (one series per run, whichever pod hosts rank 0 after a
 restart); the others export only `trainer_exporter_info`. A port that is taken (several local pods on one
@@ -33,8 +33,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from trainer.metrics import events_path, parse_event_line
-from trainer.metrics_fold import Histogram, RunFold
+from trainer.events.metrics import events_path, parse_event_line
+from trainer.events.metrics_fold import Histogram, RunFold
 
 # Bucket upper bounds, seconds. Recovery spans tier 1 on CPU (~0.3 s) to a tier-2 restart of a 70B job
 # that waits for a replacement node (tens of minutes); checkpoint stalls span async saves (ms) to sync ones.
@@ -119,7 +119,7 @@ def _records(data: bytes, fold: RunFold | None) -> Iterator[dict[str, Any]]:
 
 
 def fold_events(events: Iterable[dict[str, Any]], bad: int = 0) -> RunFold:
-    """A RunFold of events already read (e.g. by trainer.metrics.read_events)."""
+    """A RunFold of events already read (e.g. by trainer.events.metrics.read_events)."""
     fold = RunFold(STEP_BUCKETS, retain_s=math.inf)
     for e in events:
         fold.add(e)

@@ -1,6 +1,7 @@
-"""The run's live figures folded incrementally from its event log (what trainer/metrics_export.py exports).
+"""The run's live figures folded incrementally from its event log (what trainer/events/metrics_export.py
+exports).
 
-`trainer.metrics.summarize_events` recomputes everything from every event; a scrape must not: at 16k
+`trainer.events.metrics.summarize_events` recomputes everything from every event; a scrape must not: at 16k
 ranks x 100k steps the log holds ~10^9 lines. `RunFold.add(record)` folds one event into running
 aggregates, so a scrape costs what was appended since the last one, and the memory it holds is bounded by
 the ranks, the faults, restores and checkpoints of the run and the steps of the last hour (the

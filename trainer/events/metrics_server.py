@@ -1,6 +1,7 @@
-"""The HTTP endpoint of the trainer's live metrics (trainer/metrics_export.py): one per pod, on local rank 0.
+"""The HTTP endpoint of the trainer's live metrics (trainer/events/metrics_export.py): one per pod, on
+local rank 0.
 
-The endpoint runs in a small child process of local rank 0 (`python -m trainer.metrics_server`, niced):
+The endpoint runs in a small child process of local rank 0 (`python -m trainer.events.metrics_server`, niced):
 reading and folding the event files never takes the GIL or a core from a training step. It imports no
 torch (prometheus_client and the standard library only), so it starts in a fraction of a second. The
 parent talks to it over the child's stdin/stdout, one line at a time: the child answers `ready <port>` or
@@ -31,7 +32,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from trainer.metrics_export import RunCollector
+from trainer.events.metrics_export import RunCollector
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,8 @@ class MetricsServer:
     """
 
     def __init__(self, out_dir: str | Path, port: int, *, rank: int, addr: str = "0.0.0.0") -> None:
-        cmd = [sys.executable, "-m", "trainer.metrics_server", "--out-dir", str(out_dir), "--port", str(port),
-               "--rank", str(rank), "--addr", addr]  # fmt: skip
+        cmd = [sys.executable, "-m", "trainer.events.metrics_server", "--out-dir", str(out_dir),
+               "--port", str(port), "--rank", str(rank), "--addr", addr]  # fmt: skip
         root = str(Path(__file__).resolve().parent.parent)  # the child imports this very trainer package
         env = {
             **os.environ,
@@ -172,7 +173,7 @@ class MetricsServer:
 
 def serve(argv: list[str] | None = None) -> int:
     """The child: bind, say `ready <port>`, serve until stdin closes (see the module doc)."""
-    parser = argparse.ArgumentParser(prog="python -m trainer.metrics_server")
+    parser = argparse.ArgumentParser(prog="python -m trainer.events.metrics_server")
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--rank", type=int, required=True)

@@ -59,7 +59,7 @@ def entry_module(command: list[str]) -> list[str]:
         return []
     args = command[command.index("trainer") + 1 :]
     args = args[: args.index("--")] if "--" in args else args
-    from trainer.components import ENTRYPOINT_PATTERN  # stdlib only: the launcher stays light
+    from trainer.config.components import ENTRYPOINT_PATTERN  # stdlib only: the launcher stays light
 
     for arg in args:
         value = arg.removeprefix("--entrypoint=")

@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     sticky_group_ranks(ft_rendezvous_barrier)  # when this launcher hosts the store (no rendezvous service)
     claim_previous_rank(ft_rendezvous_barrier, os.environ.get(CLAIM_FILE_ENV))  # for a replaced service
     # This launcher process, for its workers: a round is (launcher, TORCHELASTIC_RESTART_COUNT), since the
-    # count starts at 0 again in a launcher started anew (trainer/faults.py's per-node markers).
+    # count starts at 0 again in a launcher started anew (trainer/runtime/faults.py's per-node markers).
     os.environ[LAUNCHER_ID_ENV] = uuid.uuid4().hex
     endpoint = rdzv_endpoint(argv[1:])
     try:

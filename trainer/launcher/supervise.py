@@ -31,7 +31,7 @@ ft_launcher ended without a verdict does one short-lived `python -m trainer.laun
 
 Signals the kubelet sends (SIGTERM, SIGINT) are forwarded to ft_launcher and end supervision: a pod that
 is being stopped is never restarted. The supervisor leads the pod's process group, as the exec'd
-ft_launcher did, so the node-loss fault (trainer/faults.py) still kills the whole pod through
+ft_launcher did, so the node-loss fault (trainer/runtime/faults.py) still kills the whole pod through
 `SUPERVISOR_PID_ENV`.
 """
 

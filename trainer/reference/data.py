@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer.data_check import TOKEN_DTYPES, read_header, write_meta
-from trainer.flags import int64
-from trainer.inputs import TOKEN_FILE_MAX_BYTES, open_regular
+from trainer.config.flags import int64
+from trainer.config.inputs import TOKEN_FILE_MAX_BYTES, open_regular
+from trainer.reference.data_check import TOKEN_DTYPES, read_header, write_meta
 
 _CHUNK = 1 << 22  # tokens generated per chunk when writing, to bound memory for large files
 
@@ -76,8 +76,8 @@ class TokenDataset:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"data_path: no token file at {self.path}")
-        # One descriptor for the header and the map (trainer/inputs.py): no FIFO, device or symlink loop,
-        # and the map is of the file whose header was read, even if the path is replaced meanwhile.
+        # One descriptor for the header and the map (trainer/config/inputs.py): no FIFO, device or symlink
+        # loop, and the map is of the file whose header was read, even if the path is replaced meanwhile.
         with open_regular(self.path, "data_path", max_bytes=TOKEN_FILE_MAX_BYTES) as f:
             dtype, shape, offset = read_header(f)
             if len(shape) != 1 or dtype not in TOKEN_DTYPES:
@@ -201,7 +201,7 @@ class BatchCursor:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: write a synthetic token file."""
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.data", description="Write a synthetic memory-mappable token file."
+        prog="python -m trainer.reference.data", description="Write a synthetic memory-mappable token file."
     )
     parser.add_argument("--out", required=True, type=Path, help="output .npy file")
     # The flags' strict integers: ASCII digits within int64 (plain int() reads "١٢" and "1_000").

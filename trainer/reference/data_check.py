@@ -3,8 +3,8 @@
 `check_token_file` is what `--check-config` (the pod's init container) and every worker's start-up run:
 the file is a .npy token array (not a pickle, text or truncated file named .npy), 1-D uint16/uint32, long
 enough for one sequence per rank, and its token ids are below the preset's vocabulary. The vocabulary
-check never scans the whole file: it reads the maximum that `python -m trainer.data` records next to the
-file (`<file>.meta.json`, trusted only while its length and dtype match the file) plus a fixed-size
+check never scans the whole file: it reads the maximum that `python -m trainer.reference.data` records next to
+the file (`<file>.meta.json`, trusted only while its length and dtype match the file) plus a fixed-size
 sample (the first and last tokens and evenly spaced chunks, 1 Mi tokens at most). An id the sample misses
 is caught in the batch path (`check_batch_tokens`) at the step that meets it, as an UnrecoverableError.
 
@@ -22,17 +22,26 @@ from typing import Any
 
 import numpy as np
 
-from trainer.errors import UnrecoverableError
-from trainer.inputs import SIDECAR_MAX_BYTES, TOKEN_FILE_MAX_BYTES, StableFile, open_regular, read_small
+from trainer.config.errors import UnrecoverableError
+from trainer.config.inputs import (
+    SIDECAR_MAX_BYTES,
+    TOKEN_FILE_MAX_BYTES,
+    StableFile,
+    open_regular,
+    read_small,
+)
 
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 SAMPLE_CHUNKS = 16
 SAMPLE_CHUNK_TOKENS = 1 << 16  # 16 chunks of 64 Ki tokens: 1 Mi tokens, 2-4 MiB read at most
-FIX = "write one with python -m trainer.data, or convert yours with np.save(path, tokens.astype(np.uint32))"
+FIX = (
+    "write one with python -m trainer.reference.data, "
+    "or convert yours with np.save(path, tokens.astype(np.uint32))"
+)
 
 
 def meta_path(path: str | Path) -> Path:
-    """Where `python -m trainer.data` records a token file's length, dtype and maximum id."""
+    """Where `python -m trainer.reference.data` records a token file's length, dtype and maximum id."""
     path = Path(path)
     return path.with_name(path.name + ".meta.json")
 
@@ -59,7 +68,9 @@ class TokenFileInfo:
 
 
 def _error(why: str) -> UnrecoverableError:
-    from trainer.config import ConfigError  # config imports the model, which this module does not need
+    from trainer.config.train_config import (
+        ConfigError,  # config imports the model, which this module does not need
+    )
 
     return ConfigError("data_path", why)
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from trainer.api import Job, checked_by
-from trainer.data import BatchCursor, TokenDataset
-from trainer.data_check import check_batch_tokens
-from trainer.model import build_model
-from trainer.preflight import check_token_data
+from trainer.reference.data import BatchCursor, TokenDataset
+from trainer.reference.data_check import check_batch_tokens
+from trainer.reference.model import build_model
+from trainer.runtime.preflight import check_token_data
 
 
 @checked_by(check_token_data)

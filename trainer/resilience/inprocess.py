@@ -11,8 +11,8 @@ What this module adds to a plain Wrapper, and why:
   reference does, and a blocked peer then fails at once ("Connection closed by peer"). So the training
   function detaches the tracebacks of the exception (and of those chained to it) before tearing its
   session down and re-raising: a frame of `Module._call_impl`'s closure would otherwise keep the FSDP
-  model, so its groups, alive while NVRx holds the exception (see `drop_frames` in trainer/failures.py).
-  The abort here destroys every group from the monitor thread as a second line.
+  model, so its groups, alive while NVRx holds the exception (see `drop_frames` in
+  trainer/runtime/failures.py). The abort here destroys every group from the monitor thread as a second line.
 * A rank assignment that never shrinks the world. A dead process is tier 2's job: continuing with fewer
   ranks would change the data layout and the sharding, so a terminated rank makes every survivor leave
   the Wrapper (RestartAbort) and ft_launcher restarts all workers.
@@ -56,10 +56,10 @@ from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment, Rank
 from nvidia_resiliency_ext.inprocess.state import Mode
 from nvidia_resiliency_ext.inprocess.store import StoreMixin, TCPStore
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 from trainer.resilience.liveness import LIVENESS_STORE_ENV, NodeLost, RoundWatch, parse_endpoint
 from trainer.resilience.timeouts import Ports, Timeouts
-from trainer.verdict import RepeatGuard
+from trainer.runtime.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
 

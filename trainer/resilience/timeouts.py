@@ -64,7 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from trainer.settings import setting
+from trainer.config.settings import setting
 
 PG_PORT_OFFSET = 1
 INPROCESS_PORT_OFFSET = 2

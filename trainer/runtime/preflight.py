@@ -20,13 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainer.config import ConfigError, TrainConfig
-from trainer.data_check import check_token_file
-from trainer.faults import RANDOM
-from trainer.inputs import bounded_seconds, check_dir_lookup, check_env
+from trainer.config.inputs import bounded_seconds, check_dir_lookup, check_env
+from trainer.config.train_config import ConfigError, TrainConfig
+from trainer.reference.data_check import check_token_file
+from trainer.runtime.faults import RANDOM
 
 if TYPE_CHECKING:
-    from trainer.metrics_server import MetricsServer
+    from trainer.events.metrics_server import MetricsServer
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def check_dirs(cfg: TrainConfig) -> None:
 
 
 def check_seconds(cfg: TrainConfig) -> None:
-    """Every seconds-valued setting is at most a week (trainer/inputs.py MAX_SECONDS)."""
+    """Every seconds-valued setting is at most a week (trainer/config/inputs.py MAX_SECONDS)."""
     for name, value in asdict(cfg.timeouts).items():
         if name != "hang_timeout_factor" and name != "hang_warmup_steps":
             bounded_seconds(name, value)
@@ -159,7 +159,7 @@ def open_metrics_server(out_dir: Path, port: int, *, rank: int, local_rank: int)
     ConfigError, not a traceback or a silently missing endpoint."""
     if port <= 0 or local_rank != 0:
         return None
-    from trainer.metrics_server import MetricsServer
+    from trainer.events.metrics_server import MetricsServer
 
     try:
         return MetricsServer(out_dir, port, rank=rank)

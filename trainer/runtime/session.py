@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from trainer.config import TrainConfig
-from trainer.faults import FaultInjector
-from trainer.metrics import EventLog
+from trainer.config.train_config import TrainConfig
+from trainer.events.metrics import EventLog
+from trainer.runtime.faults import FaultInjector
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ class Session:
         in-process Wrapper from it: a long final write must not look like a hung rank)."""
         from datetime import timedelta
 
-        from trainer import spans
         from trainer.api.misuse import process_groups
         from trainer.checkpoint import CheckpointHooks, CheckpointLoop, CheckpointManager
+        from trainer.events import spans
 
         spans.mark("store")
         backend = "nccl" if device.type == "cuda" else "gloo"

@@ -1,11 +1,11 @@
 """The entry point and the tier-1/tier-2 orchestration: `main(cfg, train)` runs once per process.
 
 With tier 1 on, `Trainer.run_iteration` runs under the NVRx Wrapper and is re-run in the same process
-after a fault; everything distributed is built inside it, held by one `Session` (trainer/session.py), and
-torn down before an exception leaves it. The attempt itself is the entry point's training function, called
-with a `Job` (trainer/api/job.py); the final state digest trainer/state_hash.py; what an exception that
-left an attempt becomes, trainer/failures.py and the branches of `main` below (exit 93, exit 1 for tier 2,
-re-raise for the launcher).
+after a fault; everything distributed is built inside it, held by one `Session` (trainer/runtime/session.py),
+and torn down before an exception leaves it. The attempt itself is the entry point's training function, called
+with a `Job` (trainer/api/job.py); the final state digest trainer/digest/state_hash.py; what an exception that
+left an attempt becomes, trainer/runtime/failures.py and the branches of `main` below (exit 93, exit 1 for
+tier 2, re-raise for the launcher).
 """
 
 from __future__ import annotations
@@ -20,22 +20,22 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainer import spans
 from trainer.api import rng
 from trainer.api.job import Job, TrainFn, ping
 from trainer.api.misuse import Misuse
-from trainer.children import kill_children
-from trainer.config import TrainConfig
-from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
-from trainer.failures import drop_frames, one_line, refused_resume
-from trainer.faults import FaultInjector, resolve_ranks
+from trainer.config.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
+from trainer.config.train_config import TrainConfig
+from trainer.events import spans
+from trainer.events.metrics import EventLog, write_summary
 from trainer.launcher import prefork
-from trainer.metrics import EventLog, write_summary
-from trainer.preflight import open_metrics_server
 from trainer.resilience.timeouts import trainer_ports
-from trainer.session import ProcessInfo, Session, select_device
+from trainer.runtime.children import kill_children
+from trainer.runtime.failures import drop_frames, one_line, refused_resume
+from trainer.runtime.faults import FaultInjector, resolve_ranks
+from trainer.runtime.preflight import open_metrics_server
+from trainer.runtime.session import ProcessInfo, Session, select_device
+from trainer.runtime.verdict import RepeatGuard
 from trainer.snapshot.manager import Snapshots
-from trainer.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def _standalone_env() -> None:
     """Without a launcher, run as rank 0 of 1 on free local ports (the Wrapper reads RANK/WORLD_SIZE)."""
     if "RANK" in os.environ:
         return
-    from trainer.ports import free_port
+    from trainer.runtime.ports import free_port
 
     # Below the ephemeral range, with base+1 and base+2 (the trainer's stores) free too: a port from
     # bind(0) had neighbours any outgoing connection could hold (EADDRINUSE, seen beside another run).
@@ -234,7 +234,7 @@ def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | No
     """The exit status, after one printed line, for a failure no restart can fix: EXIT_NO_RESTART for
     an unrecoverable error of this rank (or one a peer recorded), 1 when tier 1 gave up on a repeating
     fault (ft_launcher's turn). None for anything else: it is re-raised for the launcher to retry."""
-    from trainer.verdict import record_unrecoverable, recorded_line
+    from trainer.runtime.verdict import record_unrecoverable, recorded_line
 
     gave_up = False
     if cfg.run.inprocess:

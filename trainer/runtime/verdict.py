@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import UnrecoverableError, error_line
+from trainer.config.errors import UnrecoverableError, error_line
 
 RECORD_NAME = "unrecoverable.json"
 
@@ -67,7 +67,7 @@ class RunIdentity:
             data = [st.st_size, st.st_mtime_ns] if st is not None else []
         except OSError:
             data = []
-        try:  # dot files are other ranks' write probes (trainer/preflight.py), not checkpoints
+        try:  # dot files are other ranks' write probes (trainer/runtime/preflight.py), not checkpoints
             ckpts = sorted(p.name for p in self.ckpt_dir.iterdir() if not p.name.startswith("."))
         except OSError:
             ckpts = []

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 
 REPLICA_KEY_ENV = "TRAINER_REPLICA_KEY_FILE"
 """The job's replica-channel key file (chart: the release's `<release>-replica-key` Secret)."""

@@ -14,5 +14,5 @@
               replica_net.py (a TCP server per rank) into replica_shelf.py (verified, double-buffered).
 - manager.py: what the training loop calls (one object per process, surviving in-process restarts).
 
-Importing this package does not import torch (trainer/config.py imports config.py).
+Importing this package does not import torch (trainer/config/train_config.py imports config.py).
 """

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 from trainer.snapshot.store import HEADER_BYTES
 
 MiB = 1 << 20

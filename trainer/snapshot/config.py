@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.checkpoint.policy import is_due
-from trainer.settings import check, setting
+from trainer.config.settings import check, setting
 
 DEFAULT_DIR = Path("/dev/shm/trainer-snapshots")
 """In the pod's memory-backed /dev/shm. The one definition of this path: the chart mounts /dev/shm (a
 memory emptyDir) and names no snapshot directory, so a pod uses this default; local runs, several "pods"
-on one host, pass `--snapshot-dir` (tools/podcommand.py). tests/trainer/test_config_chart_table.py checks
+on one host, pass `--snapshot-dir` (tools/podcommand.py). tests/trainer/config/test_chart_table.py checks
 that the chart's memory-backed mount holds it."""
 
 

@@ -1,7 +1,7 @@
 """What the training loop calls: snapshot after a step, restore before the first step, clean up at the end.
 
-One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.train.Trainer), so an
-in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
+One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.runtime.train.Trainer), so
+an in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
 a restarted worker (tier 2) finds it in /dev/shm (`shm`). With two or more nodes each snapshot is also
 replicated to a rank of the next node (`peer`, trainer/snapshot/replica.py), which is where a replaced
 node's ranks restore from.
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer import spans
+from trainer.events import spans
 from trainer.snapshot.budget import adamw_estimate, check_fits, replica_limit
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
 from trainer.snapshot.plan import SavePlan
@@ -29,7 +29,7 @@ from trainer.snapshot.ring import Ring
 from trainer.snapshot.store import Reusable, SnapshotStore, WriteResult
 
 if TYPE_CHECKING:
-    from trainer.config import TrainConfig
+    from trainer.config.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 

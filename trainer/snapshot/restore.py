@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainer import spans
 from trainer.checkpoint import layout, local_restore
 from trainer.checkpoint.local_restore import NONE
 from trainer.checkpoint.state import apply_filled, build_save_dict
+from trainer.events import spans
 from trainer.snapshot import codec
 from trainer.snapshot.store import Offer, SnapshotStore
 

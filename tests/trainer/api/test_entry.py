@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trainer.api import checked_by, entry
-from trainer.settings import ConfigError
+from trainer.config.settings import ConfigError
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -199,7 +199,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 5_000, 2048, seed=1)
 
@@ -215,7 +215,7 @@ def check_config(
 
 CHECKED_TEAM = """
 from trainer.api import checked_by
-from trainer.settings import ConfigError
+from trainer.config.settings import ConfigError
 
 SEEN = []
 

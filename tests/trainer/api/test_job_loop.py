@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import REPO_ROOT
-from trainer.errors import EXIT_NO_RESTART
+from trainer.config.errors import EXIT_NO_RESTART
 
 RUN_TIMEOUT_S = 240
 TEAM = "team_loop_train"
@@ -131,7 +131,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 5_000, 2048, seed=1)
 
@@ -242,7 +242,8 @@ def test_a_state_entry_with_int_keys_comes_back_whole(resumed: Path) -> None:
 
 def test_a_function_that_returns_before_the_last_step(site: Path, tokens: Path, tmp_path: Path) -> None:
     run = trainer(site, tokens, tmp_path / "out", tmp_path / "ckpt", "returns_early", "--no-inprocess")
-    # Without a launcher the worker still exits with the no-restart code (trainer/train.py `_give_up`).
+    # Without a launcher the worker still exits with the no-restart code (trainer/runtime/train.py
+    # `_give_up`).
     assert run.returncode == EXIT_NO_RESTART, run.stderr[-4000:]
     lines = [line for line in run.stderr.splitlines() if line.startswith("config error:")]
     assert lines == [

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader
 
 from trainer.api import Misuse, SampleCursor, misuse
-from trainer.errors import EXIT_NO_RESTART, UnrecoverableError, error_line
+from trainer.config.errors import EXIT_NO_RESTART, UnrecoverableError, error_line
 
 
 class Block(nn.Module):

@@ -10,7 +10,7 @@ from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from tests.trainer._ckpt import SMALL
 from trainer.checkpoint.state import build_save_dict, create_optimizer_state
-from trainer.model import build_model
+from trainer.reference.model import build_model
 from trainer.snapshot import codec
 
 

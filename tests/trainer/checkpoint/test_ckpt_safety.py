@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from tests.trainer._ckpt import SMALL, Counter, Events
 from trainer.checkpoint import CheckpointConfig, CheckpointHooks, CheckpointManager, layout
-from trainer.model import ModelConfig, build_model
+from trainer.reference.model import ModelConfig, build_model
 
 WIDER = ModelConfig(dim=48, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, ffn_hidden=48, max_seq_len=16)
 
@@ -178,7 +178,7 @@ def test_retention_does_not_count_broken_checkpoints_among_the_kept(tmp_path: Pa
 
 def test_no_loadable_checkpoint_stops_before_training_unless_allowed(tmp_path: Path, mesh: Any) -> None:
     from trainer.checkpoint import CheckpointLoop, NoLoadableCheckpoint
-    from trainer.errors import UnrecoverableError
+    from trainer.config.errors import UnrecoverableError
 
     root = tmp_path / "ckpt"
     _save_steps(root, _objects(mesh, shape=WIDER), range(2), keep_latest=2)
@@ -430,7 +430,7 @@ def test_nvrx_saves_again_after_a_failed_save_on_the_same_manager(tmp_path: Path
 
 
 def test_ckpt_write_error_fault_fails_one_write_once(tmp_path: Path) -> None:
-    from trainer.faults import FaultInjector, InjectedWriteError, parse_fault
+    from trainer.runtime.faults import FaultInjector, InjectedWriteError, parse_fault
 
     fired: list[tuple[str, int]] = []
     inj = FaultInjector(
@@ -507,8 +507,8 @@ def test_one_checkpoint_config_behind_the_cli(tmp_path: Path) -> None:
 
     from tests.helpers import REPO_ROOT
     from trainer.checkpoint.config import CheckpointConfig as Direct
-    from trainer.config import ConfigError, TrainConfig, config_from_args
-    from trainer.data import write_synthetic_tokens
+    from trainer.config.train_config import ConfigError, TrainConfig, config_from_args
+    from trainer.reference.data import write_synthetic_tokens
 
     data = write_synthetic_tokens(tmp_path / "t.npy", 10_000, 2048, seed=1)
     argv = ["--data-path", str(data), "--out-dir", str(tmp_path / "out")]
@@ -527,7 +527,7 @@ def test_one_checkpoint_config_behind_the_cli(tmp_path: Path) -> None:
     assert "verify_checksums" not in Direct.__dataclass_fields__  # always verified: no silent option
     # Validated without the checkpoint machinery (the init container's --check-config).
     code = (
-        "import sys; from trainer.config import config_from_args; "
+        "import sys; from trainer.config.train_config import config_from_args; "
         f"config_from_args({argv!r}, env={{}}); "
         "bad = [m for m in sys.modules if m.startswith(('trainer.checkpoint.manager', "
         "'trainer.checkpoint.backends', 'torch.distributed.checkpoint'))]; print(bad); sys.exit(bool(bad))"

@@ -22,7 +22,7 @@ import torch
 from tests.trainer._ckpt import SMALL, Counter, Events
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, layout
 from trainer.checkpoint.local_tier import LocalTier
-from trainer.model import build_model
+from trainer.reference.model import build_model
 from trainer.security import keys
 from trainer.security.mac import sign
 
@@ -126,7 +126,7 @@ def test_a_forged_nvme_seal_is_not_offered(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("content", [b"", b"short", b"\n" * 40])
 def test_key_files_that_are_not_keys_stop_in_one_line(tmp_path: Path, content: bytes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from trainer.errors import UnrecoverableError
+    from trainer.config.errors import UnrecoverableError
 
     path = tmp_path / "key"
     path.write_bytes(content)

@@ -24,8 +24,8 @@ from tests.trainer._jobs import log_tail, run_job, torchrun, trainer_args
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, layout
 from trainer.checkpoint import lease as lease_mod
 from trainer.checkpoint.lease import Lease
-from trainer.errors import UnrecoverableError
-from trainer.model import build_model
+from trainer.config.errors import UnrecoverableError
+from trainer.reference.model import build_model
 
 
 def _state(mesh: Any, seed: int = 0) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""trainer.storage_probe against a local directory: what it writes it reads back, it cleans up, it stops at
-its time limit, several at once line up on --start-at, and bad options end with one line (exit 2)."""
+"""trainer.checkpoint.storage_probe against a local directory: what it writes it reads back, it cleans up, it
+stops at its time limit, several at once line up on --start-at, and bad options end with one line (exit 2)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT
-from trainer import storage_probe
+from trainer.checkpoint import storage_probe
 
 
 def run_probe(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainer.storage_probe", *args],
+        [sys.executable, "-m", "trainer.checkpoint.storage_probe", *args],
         cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
         capture_output=True,
@@ -74,7 +74,7 @@ def test_several_probes_start_together(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "trainer.storage_probe",
+                "trainer.checkpoint.storage_probe",
                 f"--dir={tmp_path / str(n)}",
                 "--bytes=4000000",
                 f"--start-at={start_at}",
@@ -120,5 +120,5 @@ def test_bad_options_end_with_one_line(tmp_path: Path, args: list[str], message:
 
 
 def test_needs_no_torch() -> None:
-    code = "import sys, trainer.storage_probe; assert 'torch' not in sys.modules"
+    code = "import sys, trainer.checkpoint.storage_probe; assert 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=False).returncode == 0

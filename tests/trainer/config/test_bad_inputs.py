@@ -52,7 +52,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 @pytest.fixture(scope="module")
 def good_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 20_000, VOCAB, seed=1)
 
@@ -89,7 +89,7 @@ def assert_one_line(err: str, field_name: str, text: str) -> None:
 
 def _synthetic(vocab: int, tokens: int = 20_000) -> Callable[[Path], Path]:
     def make(path: Path) -> Path:
-        from trainer.data import write_synthetic_tokens
+        from trainer.reference.data import write_synthetic_tokens
 
         return write_synthetic_tokens(path, tokens, vocab, seed=2)
 
@@ -197,7 +197,7 @@ def test_bad_token_file_fails_check_config_in_one_line(
 
 
 def test_good_token_file_passes_and_bounds_its_reads(good_tokens: Path) -> None:
-    from trainer.data_check import SAMPLE_CHUNK_TOKENS, SAMPLE_CHUNKS, check_token_file
+    from trainer.reference.data_check import SAMPLE_CHUNK_TOKENS, SAMPLE_CHUNKS, check_token_file
 
     info = check_token_file(good_tokens, vocab_size=VOCAB, seq_len=SEQ_LEN, world_size=4)
     assert info.num_tokens == 20_000 and info.recorded_max == info.max_seen <= VOCAB - 1
@@ -215,7 +215,7 @@ def test_good_token_file_passes_and_bounds_its_reads(good_tokens: Path) -> None:
     mm[-1] = 10 * VOCAB  # the last chunk is always sampled
     mm.flush()
     del mm
-    from trainer.config import ConfigError
+    from trainer.config.train_config import ConfigError
 
     with pytest.raises(ConfigError, match=r"token id 20480 \(at token index"):
         check_token_file(path, vocab_size=VOCAB, seq_len=SEQ_LEN)
@@ -223,8 +223,8 @@ def test_good_token_file_passes_and_bounds_its_reads(good_tokens: Path) -> None:
 
 def test_stale_sidecar_is_ignored(tmp_path: Path) -> None:
     """A sidecar that no longer matches the file's length is not trusted (the sample decides)."""
-    from trainer.data import write_synthetic_tokens
-    from trainer.data_check import check_token_file
+    from trainer.reference.data import write_synthetic_tokens
+    from trainer.reference.data_check import check_token_file
 
     path = write_synthetic_tokens(tmp_path / "t.npy", 5_000, 4096, seed=0)
     np.save(path, np.arange(6_000, dtype=np.uint16) % VOCAB)  # replaced by another tool; sidecar stale
@@ -234,8 +234,8 @@ def test_stale_sidecar_is_ignored(tmp_path: Path) -> None:
 def test_batch_path_rejects_an_out_of_range_id() -> None:
     import torch
 
-    from trainer.data_check import check_batch_tokens
-    from trainer.errors import UnrecoverableError
+    from trainer.config.errors import UnrecoverableError
+    from trainer.reference.data_check import check_batch_tokens
 
     ok = torch.full((2, 4), VOCAB - 1)
     check_batch_tokens(ok, ok, VOCAB, step=3, path=Path("t.npy"))
@@ -422,7 +422,7 @@ def test_at_start_up_under_a_launcher_the_same_line_exits_93(
     assert_one_line(err, "fault", "rank 2 does not exist (world size 2, from WORLD_SIZE)")
     # No events: nothing started. The record makes a relaunch (ft_launcher 0.4.1) exit 93 at once.
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["unrecoverable.json"]
-    from trainer.verdict import recorded_line
+    from trainer.runtime.verdict import recorded_line
 
     argv = [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=2"]
     line = recorded_line(argv, os.environ)

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.chart.helm import rendered_trainer_config, template_result
-from trainer.components import CHART_TABLE, chart_values
-from trainer.config import ConfigError, config_from_args
+from trainer.config.components import CHART_TABLE, chart_values
+from trainer.config.train_config import ConfigError, config_from_args
 
 FAULT_KINDS = ("exception", "sigkill", "ckpt-crash", "ckpt-write-error")
 

@@ -1,4 +1,4 @@
-"""The chart-to-trainer table (trainer/components.py CHART_TABLE), checked both ways: every chart value
+"""The chart-to-trainer table (trainer/config/components.py CHART_TABLE), checked both ways: every chart value
 the trainer's command renders has a row, and every row's option exists in the generated CLI, its value
 in values.yaml and values.schema.json, and a value set through the row arrives in its field."""
 
@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_container, workload_pod_spec
-from trainer.components import CHART_TABLE, COMPONENTS, chart_values
-from trainer.config import TrainConfig, make_parser
-from trainer.settings import declared
+from trainer.config.components import CHART_TABLE, COMPONENTS, chart_values
+from trainer.config.settings import declared
+from trainer.config.train_config import TrainConfig, make_parser
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port
-from trainer.config import ConfigError, config_from_args
-from trainer.faults import FaultInjector, FaultSpec, InjectedFault, parse_fault, resolve_ranks
+from trainer.config.train_config import ConfigError, config_from_args
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts, trainer_ports
+from trainer.runtime.faults import FaultInjector, FaultSpec, InjectedFault, parse_fault, resolve_ranks
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("d") / "t.npy", 10_000, 2048, seed=1)
 
@@ -205,7 +205,7 @@ def test_a_node_loss_fires_once_per_run_whichever_rank_of_the_node_claims_it(
     """Node 1's loss fires on the ranks of the round that claimed it, and never again on the ranks that
     take node 1's place in a later round (a spare's), even when a rank of the node never got to write
     anything before the pod died (issue 26: it fired twice in a demo run)."""
-    import trainer.faults as faults
+    import trainer.runtime.faults as faults
 
     fired: list[tuple[int, str]] = []
     rank_now = {"rank": -1}
@@ -241,7 +241,7 @@ def test_node_loss_never_fires_again_in_a_later_launchers_round_0(
     """A launcher started anew (the rendezvous service was replaced, or the launcher was killed) counts
     its rounds from 0 again: the ranks of the pod that took node 1's place must not take that round 0
     for the one the marker was written in (seen: a node loss fired twice after the service's loss)."""
-    import trainer.faults as faults
+    import trainer.runtime.faults as faults
     from trainer.launcher.supervise import LAUNCHER_ID_ENV
 
     fired: list[str] = []

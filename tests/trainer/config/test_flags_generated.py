@@ -290,8 +290,8 @@ def generate(data: Path, out: Path, tmp: Path) -> list[Case]:
 
 def known_fields() -> set[str]:
     """Field names a rejection may name: config dataclass fields and every option's name."""
-    from trainer.components import COMPONENTS
-    from trainer.config import TrainConfig, make_parser
+    from trainer.config.components import COMPONENTS
+    from trainer.config.train_config import TrainConfig, make_parser
 
     names = {f.name for cls in (TrainConfig, *COMPONENTS.values()) for f in fields(cls)}
     actions = make_parser()._actions
@@ -313,7 +313,7 @@ def assert_as_written(flag: Flag, value: str, got: Any) -> None:
     elif flag.kind == "path":
         assert got == Path(value)
     else:
-        from trainer.faults import parse_fault
+        from trainer.runtime.faults import parse_fault
 
         assert value.isascii() and not any(ch in value for ch in "\n\r\t")
         assert [str(f) for f in got] == [str(parse_fault(value))]
@@ -321,7 +321,7 @@ def assert_as_written(flag: Flag, value: str, got: Any) -> None:
 
 @pytest.fixture(scope="module")
 def gen_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("gen") / "tokens.npy", 50_000, 2048, seed=5)
 
@@ -333,7 +333,7 @@ def test_generated_flag_sets_are_rejected_in_one_line_or_kept_as_written(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from trainer.__main__ import main
-    from trainer.config import config_from_args
+    from trainer.config.train_config import config_from_args
 
     for name in LAUNCH_ENV:
         monkeypatch.delenv(name, raising=False)

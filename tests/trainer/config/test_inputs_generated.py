@@ -1,4 +1,4 @@
-"""Generated bad inputs for the trainer (trainer/inputs.py): random members of each class, not only the
+"""Generated bad inputs for the trainer (trainer/config/inputs.py): random members of each class, not only the
 examples of issue 25. The rule: refused in one `config error: <field>: why` line (exit 2 in
 `--check-config`), or accepted and used exactly as written.
 
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainer.config import ConfigError
-from trainer.data_check import _check_open_file, check_token_file, meta_path
-from trainer.inputs import ENV_SETTINGS, MAX_SECONDS, check_env, open_regular
+from trainer.config.inputs import ENV_SETTINGS, MAX_SECONDS, check_env, open_regular
+from trainer.config.train_config import ConfigError
+from trainer.reference.data_check import _check_open_file, check_token_file, meta_path
 
 VOCAB = 2048  # the tiny preset's
 SEQ_LEN = 32
@@ -38,7 +38,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 20_000, VOCAB, seed=1)
 
@@ -163,7 +163,7 @@ def test_every_timeout_at_the_limit_is_accepted(
 
 
 def test_fifo_sidecar_refused_without_blocking(tmp_path: Path, alarm: None) -> None:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     path = write_synthetic_tokens(tmp_path / "t.npy", 5_000, VOCAB, seed=0)
     meta_path(path).unlink()
@@ -173,7 +173,7 @@ def test_fifo_sidecar_refused_without_blocking(tmp_path: Path, alarm: None) -> N
 
 
 def test_device_sidecar_refused_without_reading_it(tmp_path: Path, alarm: None) -> None:
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     path = write_synthetic_tokens(tmp_path / "t.npy", 5_000, VOCAB, seed=0)
     meta_path(path).unlink()

@@ -1,4 +1,4 @@
-"""The declaration mechanism (trainer/settings.py): the generated CLI carries every component's
+"""The declaration mechanism (trainer/config/settings.py): the generated CLI carries every component's
 defaults, bounds name the option, the one derived setting cannot disagree, and the configuration layer
 imports without torch and without a cycle."""
 
@@ -14,10 +14,10 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.components import COMPONENTS, MetricsConfig, RunConfig
-from trainer.config import ConfigError, TrainConfig, config_from_args, make_parser
+from trainer.config.components import COMPONENTS, MetricsConfig, RunConfig
+from trainer.config.settings import declared, dest
+from trainer.config.train_config import ConfigError, TrainConfig, config_from_args, make_parser
 from trainer.resilience.timeouts import DEFAULT_LIVENESS_TIMEOUT, Timeouts
-from trainer.settings import declared, dest
 
 
 def test_generated_options_default_to_the_declared_defaults() -> None:
@@ -77,8 +77,9 @@ def test_the_checkpoint_collective_timeout_is_derived_not_overwritten(token_file
 
 def test_the_configuration_layer_imports_without_torch_or_a_cycle() -> None:
     code = (
-        "import sys; import trainer.flags; assert 'trainer.config' not in sys.modules, 'flags -> config'; "
-        "import trainer.components; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "import sys; import trainer.config.flags; "
+        "assert 'trainer.config.train_config' not in sys.modules, 'flags -> config'; "
+        "import trainer.config.components; bad = [m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'tools', 'bench', 'infra')]; print(bad); sys.exit(bool(bad))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

@@ -1,5 +1,5 @@
-"""The final state digest hashes each rank's shards where they lie (trainer/state_digest_sharded.py) and
-must equal the digest of the same state unsharded, whatever the sharding: rows split unevenly, columns
+"""The final state digest hashes each rank's shards where they lie (trainer/digest/state_digest_sharded.py)
+and must equal the digest of the same state unsharded, whatever the sharding: rows split unevenly, columns
 split, replicated copies, a rank holding nothing. It must also see every bit and every position."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.trainer._dist import run_ranks
-from trainer import state_digest_sharded
-from trainer.state_digest_sharded import sharded_digests
+from trainer.digest import state_digest_sharded
+from trainer.digest.state_digest_sharded import sharded_digests
 
 
 def _state() -> dict[str, Any]:

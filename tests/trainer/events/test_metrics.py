@@ -9,7 +9,14 @@ from typing import Any
 
 import pytest
 
-from trainer.metrics import COMMON_FIELDS, EventLog, read_events, summarize, summarize_events, write_summary
+from trainer.events.metrics import (
+    COMMON_FIELDS,
+    EventLog,
+    read_events,
+    summarize,
+    summarize_events,
+    write_summary,
+)
 
 
 def _write(path: Path, events: list[dict[str, Any]], torn_tail: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""The live Prometheus figures (trainer/metrics_export.py) agree with summary.json for the same events.
+"""The live Prometheus figures (trainer/events/metrics_export.py) agree with summary.json for the same events.
 
 Events are written by the real EventLog (then re-timed, so the figures are exact), scraped over HTTP
 from a real MetricsServer and parsed with prometheus_client's own text parser.
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from trainer.metrics import summarize, write_summary
-from trainer.metrics_export import EventTail, RunCollector
-from trainer.metrics_server import MetricsServer
+from trainer.events.metrics import summarize, write_summary
+from trainer.events.metrics_export import EventTail, RunCollector
+from trainer.events.metrics_server import MetricsServer
 
 
 def _lines(rank: int, events: list[tuple[str, float, dict[str, Any]]]) -> str:

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT
-from trainer.metrics_server import MetricsServer
+from trainer.events.metrics_server import MetricsServer
 
 PARENT = """
 import sys
-from trainer.metrics_server import MetricsServer
+from trainer.events.metrics_server import MetricsServer
 server = MetricsServer(sys.argv[1], 0, rank=0, addr="127.0.0.1")
 print(server._proc.pid, flush=True)
 sys.stdin.read()  # until killed

@@ -94,8 +94,8 @@ def _scalar(url: str, promql: str) -> float:
 def test_prometheus_sees_the_runs_goodput_faults_and_tiers(
     tmp_path: Path, prometheus: tuple[str, int]
 ) -> None:
-    from trainer.data import write_synthetic_tokens
-    from trainer.model import PRESETS
+    from trainer.reference.data import write_synthetic_tokens
+    from trainer.reference.model import PRESETS
 
     url, metrics_port = prometheus
     data = write_synthetic_tokens(tmp_path / "tokens.npy", 100_000, PRESETS["tiny"].vocab_size, seed=3)

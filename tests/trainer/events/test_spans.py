@@ -1,4 +1,5 @@
-"""trainer/spans.py: the pieces of an attempt's start-up, carried by its `restore` event (Contract 3)."""
+"""trainer/events/spans.py: the pieces of an attempt's start-up, carried by its `restore` event
+(Contract 3)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import json
 import time
 from pathlib import Path
 
-from trainer import spans
-from trainer.metrics import EventLog
+from trainer.events import spans
+from trainer.events.metrics import EventLog
 
 
 def test_marks_are_consecutive_pieces_and_a_repeated_name_adds_up() -> None:

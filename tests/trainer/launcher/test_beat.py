@@ -10,8 +10,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
-from trainer.ports import free_port
 from trainer.resilience.liveness import liveness_key
+from trainer.runtime.ports import free_port
 
 
 def _master() -> tuple[dist.TCPStore, str]:

@@ -87,7 +87,7 @@ def test_losing_the_rendezvous_service_costs_one_restart_round_and_no_pod(runs: 
     for log in sorted((run_dir / "logs").glob("pod-*.log")):
         assert log.read_text(errors="replace").count("the rendezvous service was replaced") <= 1, log.name
     assert logs.count("the rendezvous service was replaced") >= 2, logs[-6000:]
-    from trainer.metrics import read_events
+    from trainer.events.metrics import read_events
 
     events, _ = read_events(run_dir / "out")
     killed_at = float(rec["action"]["rendezvous"]["t"])
@@ -106,7 +106,7 @@ def test_losing_one_launcher_process_costs_one_restart_round_and_no_pod(runs: di
     killed = rec["action"]["launcher"]
     log = (run_dir / "logs" / f"pod-{killed['pod']}.log").read_text(errors="replace")
     assert log.count("ft_launcher was killed by signal 9 from outside") == 1, log[-4000:]
-    from trainer.metrics import read_events
+    from trainer.events.metrics import read_events
 
     events, _ = read_events(run_dir / "out")
     after = [e for e in events if e["ev"] == "restore" and float(e["t"]) > float(killed["t"])]

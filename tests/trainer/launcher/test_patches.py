@@ -139,7 +139,7 @@ def _round_1_opened(module: types.ModuleType) -> object:
 
     import torch.distributed as dist
 
-    from trainer.ports import free_port
+    from trainer.runtime.ports import free_port
 
     store = dist.TCPStore("127.0.0.1", free_port(span=1), is_master=True, timeout=timedelta(seconds=5))
     state = module._RendezvousBarrierState(store, "step0-test", is_store_host=True)

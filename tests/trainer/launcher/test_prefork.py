@@ -39,7 +39,7 @@ if mode == "report":
     sys.exit(7)
 if mode == "lose":  # the node-loss fault: kill this worker's launcher agent with its whole group
     os.environ["TORCHELASTIC_RUN_ID"] = "probe"
-    from trainer.faults import _lose_node
+    from trainer.runtime.faults import _lose_node
     _lose_node()
 if mode == "term":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))

@@ -49,7 +49,7 @@ def barrier(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, object]:
     import torch.distributed as dist
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier as module
 
-    from trainer.ports import free_port
+    from trainer.runtime.ports import free_port
 
     state_cls = module._RendezvousBarrierState
     monkeypatch.setattr(state_cls, "_assign_group_ranks", state_cls._assign_group_ranks)  # undone after

@@ -23,7 +23,7 @@ from trainer.launcher.supervise import (
     record_service_after_failure,
     wait_for_other_epoch,
 )
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 
 def _child(tmp_path: Path, *codes: int, epoch: str | None = "e1", verdict: str | None = None) -> list[str]:

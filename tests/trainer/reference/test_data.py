@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.data import BatchCursor, TokenDataset, main, write_synthetic_tokens
+from trainer.reference.data import BatchCursor, TokenDataset, main, write_synthetic_tokens
 
 
 @pytest.fixture

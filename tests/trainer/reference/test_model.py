@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.trainer._dist import run_ranks
-from trainer.model import PRESETS, ModelConfig, build_model
+from trainer.reference.model import PRESETS, ModelConfig, build_model
 
 CPU = torch.device("cpu")
 

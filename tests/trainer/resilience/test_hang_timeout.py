@@ -238,7 +238,7 @@ def test_timeouts_reject_hang_values_that_do_not_nest(kwargs: dict[str, Any], fi
 def test_flags_reach_the_config_and_the_policy(tmp_path: Path) -> None:
     import numpy as np
 
-    from trainer.config import ConfigError, config_from_args
+    from trainer.config.train_config import ConfigError, config_from_args
     from trainer.resilience.hangtimeout import policy_from_config
 
     data = tmp_path / "tokens.npy"

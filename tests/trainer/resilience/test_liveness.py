@@ -16,7 +16,6 @@ import torch.distributed as dist
 from nvidia_resiliency_ext.inprocess.store import BarrierTimeout
 
 from trainer.launcher.beat import LauncherBeat
-from trainer.ports import free_port
 from trainer.resilience.inprocess import WrapperStore
 from trainer.resilience.liveness import (
     LIVENESS_STORE_ENV,
@@ -26,6 +25,7 @@ from trainer.resilience.liveness import (
     lost_key,
     parse_endpoint,
 )
+from trainer.runtime.ports import free_port
 
 
 def _master() -> tuple[dist.TCPStore, str]:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import REPO_ROOT, free_port
 from tools.localpods import LocalJob, PodSpec
-from trainer.errors import EXIT_CONFIG, EXIT_NO_RESTART
+from trainer.config.errors import EXIT_CONFIG, EXIT_NO_RESTART
 from trainer.resilience.progress import ITERATION_FILE, write_iteration_file
 
 MAX_NO_PROGRESS_CYCLES = 2

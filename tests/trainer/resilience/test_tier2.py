@@ -182,8 +182,8 @@ def test_termination_handler_rejects_bad_timeout() -> None:
 # exit.
 @pytest.fixture(scope="module")
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.data import write_synthetic_tokens
-    from trainer.model import PRESETS
+    from trainer.reference.data import write_synthetic_tokens
+    from trainer.reference.model import PRESETS
 
     path = tmp_path_factory.mktemp("data") / "tokens.npy"
     return write_synthetic_tokens(path, 200_000, PRESETS["tiny"].vocab_size, seed=7)

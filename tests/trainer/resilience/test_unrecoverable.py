@@ -41,7 +41,7 @@ def starts_per_rank(out: Path) -> dict[int, int]:
 def ids_beyond_vocab_outside_the_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """4 Mi tokens; every 16th token outside the start-up sample is an id the tiny preset does not have.
     Written without a sidecar (as another tokenizer would), so only training can meet the bad ids."""
-    from trainer.data_check import SAMPLE_CHUNK_TOKENS, SAMPLE_CHUNKS, check_token_file
+    from trainer.reference.data_check import SAMPLE_CHUNK_TOKENS, SAMPLE_CHUNKS, check_token_file
 
     n = 4 * SAMPLE_CHUNKS * SAMPLE_CHUNK_TOKENS
     tokens = np.random.default_rng(0).integers(0, VOCAB, n).astype(np.uint32)
@@ -82,7 +82,7 @@ def test_out_of_range_token_met_in_training_costs_one_start(
 def test_bad_data_at_start_up_under_the_launcher_never_starts(tmp_path: Path) -> None:
     """The init container's check, missed (e.g. ft_launcher run by hand): every worker exits 93 at
     start-up, before any event; relaunches print the recorded line."""
-    from trainer.data import write_synthetic_tokens
+    from trainer.reference.data import write_synthetic_tokens
 
     data = write_synthetic_tokens(tmp_path / "wrong-vocab.npy", 50_000, 32_000, seed=1)
     out, log = tmp_path / "out", tmp_path / "job.log"

@@ -65,7 +65,7 @@ def test_state_hash_sees_every_bit_and_ignores_key_order() -> None:
 
     import torch
 
-    from trainer.state_hash import hash_into
+    from trainer.digest.state_hash import hash_into
 
     def digest(state: dict) -> str:
         h = hashlib.sha256()

@@ -1,4 +1,4 @@
-"""The training group's store is up before any other rank looks for it (trainer/train.py, issue 26).
+"""The training group's store is up before any other rank looks for it (trainer/runtime/train.py, issue 26).
 
 Rank 0 hosts it when its Trainer is built, before the in-process Wrapper's initial barrier; the other
 ranks connect only after that barrier. Hosted in the first attempt instead, it came up while they were
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from trainer.config import config_from_args
-from trainer.ports import free_port
-from trainer.train import Trainer
+from trainer.config.train_config import config_from_args
+from trainer.runtime.ports import free_port
+from trainer.runtime.train import Trainer
 
 
 def _trainer(rank: int, token_file: Path, out: Path, port: int, monkeypatch: pytest.MonkeyPatch) -> Trainer:
@@ -52,7 +52,7 @@ def test_a_run_without_a_launcher_takes_its_stores_ports_below_the_ephemeral_ran
     # bind(0) handed out a base port in the ephemeral range, and base+1 (the process group's store) was
     # once held by another process's connection: EADDRINUSE beside a parallel test run.
     from trainer.resilience.timeouts import trainer_ports
-    from trainer.train import _standalone_env
+    from trainer.runtime.train import _standalone_env
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(name, "")  # recorded, so what _standalone_env sets is undone after the test

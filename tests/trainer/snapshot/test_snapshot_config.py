@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError, config_from_args
+from trainer.config.train_config import ConfigError, config_from_args
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
 
 

@@ -21,7 +21,7 @@ from tests.trainer._ckpt import Events
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
 from trainer.checkpoint.state import build_save_dict
-from trainer.model import ModelConfig, build_model
+from trainer.reference.model import ModelConfig, build_model
 from trainer.snapshot.restore import restore
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 

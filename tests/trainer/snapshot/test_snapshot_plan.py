@@ -52,7 +52,7 @@ def train(state: dict, steps: int) -> None:
 def digest(state: dict) -> str:
     import hashlib
 
-    from trainer.state_hash import hash_into
+    from trainer.digest.state_hash import hash_into
 
     h = hashlib.sha256()
     hash_into(h, build_save_dict(state, 0))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trainer.checkpoint.state import build_save_dict
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 from trainer.snapshot import replica_net
 from trainer.snapshot.budget import check_fits
 from trainer.snapshot.replica_shelf import ReplicaShelf

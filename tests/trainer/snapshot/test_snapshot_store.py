@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from trainer.checkpoint.state import apply_loaded, build_save_dict
-from trainer.errors import UnrecoverableError
+from trainer.config.errors import UnrecoverableError
 from trainer.snapshot import codec
 from trainer.snapshot import store as store_module
 from trainer.snapshot.budget import check_fits
@@ -53,7 +53,7 @@ def train(state: dict, steps: int) -> None:
 
 
 def digest(state: dict) -> str:
-    from trainer.state_hash import hash_into
+    from trainer.digest.state_hash import hash_into
 
     h = hashlib.sha256()
     sd = build_save_dict(state, 0)

@@ -30,12 +30,12 @@ from trainer.launcher.prefork import PID_ENV, SOCKET_ENV, wire
 
 PRELOAD = (
     # The worker's entry point (sets TORCH_CPP_LOG_LEVEL before torch loads) and everything the run
-    # imports: the eager part of trainer.train and what it imports lazily (checkpoint backends, the
+    # imports: the eager part of trainer.runtime.train and what it imports lazily (checkpoint backends, the
     # in-process Wrapper, NVRx's async checkpointing, torch._dynamo behind the optimizer's first step).
     "trainer.__main__",
-    "trainer.config",
-    "trainer.preflight",
-    "trainer.train",
+    "trainer.config.train_config",
+    "trainer.runtime.preflight",
+    "trainer.runtime.train",
     "trainer.api",
     "trainer.reference",
     "trainer.checkpoint",

@@ -1,0 +1,1 @@
+"""Tests of trainer/digest/: the sharded state digest."""

@@ -1,0 +1,14 @@
+"""The run itself: what `python -m trainer` does after the configuration is valid, once per process and
+once per attempt.
+
+- train.py:     the tier-1/tier-2 orchestration: each attempt calls the training function with a `Job`;
+- session.py:   one (re)start's distributed objects (process group, mesh, checkpoint loop);
+- preflight.py: the start-up checks that need the file system but no process group (`World`);
+- faults.py:    deterministic fault injection, off by default;
+- failures.py:  what an exception that left an attempt becomes (frames dropped, one line, a refused resume);
+- verdict.py:   what is retried and what is not (the unrecoverable-error record, the repeated-fault bound);
+- children.py:  a rank's helper processes end with it;
+- ports.py:     free TCP ports for local runs.
+
+Sits above checkpoint/, snapshot/, resilience/, events/ and digest/, which it wires together.
+"""
