@@ -1,4 +1,4 @@
-"""How the control path and the run's bookkeeping grow with the job, measured by simulation (issue 23).
+"""How the control path and the run's bookkeeping grow with the job, measured by simulation.
 
     python -m bench.scale [--size tiny|quick|full] --out scale.json
 
@@ -26,7 +26,8 @@ issues per round, and the real exporter reads synthetic event files in the train
   scrape (median of 3), against
   R and against S; the former exporter re-parsed every line at every scrape (its cost is the file's
   line count).
-- event log: bytes appended to FSx per step per node under Contract 3 now and before issue 23.
+- event log: bytes appended to FSx per step per node under Contract 3, and with every rank writing
+  its own snapshot and replica events.
 
 Each series is fitted as y = a x^k on log-log axes (least squares); the projection to 2,048 nodes x 8
 ranks extrapolates the fit where the measured sizes stop short.
@@ -303,7 +304,8 @@ def exporter_scrape(ranks: int, steps: int, work_dir: Path) -> dict[str, Any]:
 
 
 def event_bytes(ranks: int, work_dir: Path, steps: int = 10) -> dict[str, Any]:
-    """Bytes appended per step per node, Contract 3 now and before issue 23 (snapshot every step)."""
+    """Bytes appended per step per node, Contract 3, and with every rank writing its
+    own snapshot and replica events (snapshot every step)."""
     from bench.scale_events import write_run
 
     result: dict[str, Any] = {"ranks": ranks, "nodes": max(1, ranks // RANKS_PER_NODE)}

@@ -75,7 +75,7 @@ def write_run(
     """Append a run (or, with start=False and first_step > 0, more of one) to `out`; returns its end time.
 
     `snapshot`/`replica` events come from each node's local rank 0 (Contract 3), or from every rank with
-    `per_rank_snapshots` (the contract before issue 23, for comparison)."""
+    `per_rank_snapshots` (every rank writing its own, for comparison)."""
     run = _Run(Path(out), ranks, step_s, t0)
     samplers = range(ranks) if per_rank_snapshots else range(0, ranks, ranks_per_node)
     by_step = {f.step: f for f in faults}

@@ -16,7 +16,6 @@ from goodput.fit import predict_from_summary, with_measured_mttrs
 from goodput.model import (
     Plan,
     PlanError,
-    Tier,
     checkpoint_restart_baseline,
     evaluate,
     optimal_interval,
@@ -34,12 +33,6 @@ DESCRIPTION = (
 )
 
 DEFAULT_TIERS = inputs.DEFAULT_TIERS
-
-
-def parse_tier(spec: str) -> Tier:
-    """Parse ``NAME:share=S:mttr=SECONDS[:rollback=checkpoint|memory|peer][:...]`` into a model tier
-    (rollback seconds 0: see goodput.tiers for the measured rollback)."""
-    return parse_tier_spec(spec).tier()
 
 
 def _rate(args: argparse.Namespace) -> float:

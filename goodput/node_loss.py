@@ -1,4 +1,4 @@
-"""The node-loss MTTR as a sum of parts, each measured or a stated assumption with its source (issue 23).
+"""The node-loss MTTR as a sum of parts, each measured or a stated assumption with its source.
 
 A node lost on a cluster (the planner's largest loss term) costs, from the fault to the first step after
 it, with a hot spare already up (its pod runs the zygote that imported the trainer, trainer/prefork):

@@ -1,4 +1,4 @@
-"""The hardening every workload the stacks apply shares with the trainer's pods (issue 22): non-root,
+"""The hardening every workload the stacks apply shares with the trainer's pods: non-root,
 RuntimeDefault seccomp, read-only root file system, no privilege escalation, no capabilities."""
 
 from __future__ import annotations

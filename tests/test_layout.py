@@ -113,7 +113,7 @@ def test_trainer_tests_mirror_the_trainer_packages() -> None:
 # inside a function) is an edge from the importing file to the file of the module it names. Hiding one
 # import of a pair in a function only moves the cycle to run time, so it counts too.
 CYCLE_ROOTS = (*PACKAGES, "tests")
-# Cycles tolerated for now (each with its issue); empty since issue 20 broke the last (config <-> flags).
+# Cycles tolerated for now, each a set of files; keep it empty.
 KNOWN_CYCLES: list[set[str]] = []
 
 

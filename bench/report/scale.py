@@ -52,7 +52,7 @@ TABLES: tuple[tuple[str, str, tuple[tuple[str, str, str], ...]], ...] = (
         ("ranks", "ranks", "{:.0f}"),
         ("nodes", "nodes", "{:.0f}"),
         ("now", "bytes_per_step_per_node_now", "{:.0f} B"),
-        ("before issue 23", "bytes_per_step_per_node_before", "{:.0f} B"),
+        ("every rank writing", "bytes_per_step_per_node_before", "{:.0f} B"),
         ("appends per step now", "appends_per_step_now", "{:.0f}"),
         ("before", "appends_per_step_before", "{:.0f}"),
     )),

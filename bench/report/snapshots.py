@@ -9,8 +9,8 @@ from typing import Any
 
 from bench.report.fmt import fmt_spread, md_table
 
-TARGET_X_FLOOR = 1.5  # issue 11: a snapshot or save blocks the loop at most 1.5x one copy
-TARGET_RESTORE_X_FLOOR = 2.0  # issue 27: a restore from memory takes at most 2x one copy
+TARGET_X_FLOOR = 1.5  # target: a snapshot or save blocks the loop at most 1.5x one copy
+TARGET_RESTORE_X_FLOOR = 2.0  # target: a restore from memory takes at most 2x one copy
 SOURCES = ("memory", "shm", "peer", "local", "fsx")
 WHERE = {
     "memory": "the process's own memory (tier 1)",

@@ -1,5 +1,5 @@
 {{/*
-Checks of the user's maps, names and paths against what the chart itself renders (issue 25). The reserved
+Checks of the user's maps, names and paths against what the chart itself renders. The reserved
 names are DERIVED from the chart's own templates, rendered once with the user's additions left out: a
 label, annotation or env name the chart sets, or a variable its command expands as $(NAME), cannot be
 set again by podLabels, podAnnotations, podMonitor.labels, nodeSelector or extraEnv. A new entry in the

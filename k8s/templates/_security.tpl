@@ -1,5 +1,5 @@
 {{/*
-Hardening shared by every pod of the chart (issue 12): the pod security contexts, the writable scratch
+Hardening shared by every pod of the chart: the pod security contexts, the writable scratch
 volume that lets every container run with a read-only root filesystem, the resources of the small
 containers, and the init step that prepares the run's directories for a non-root trainer.
 */}}

@@ -1,6 +1,6 @@
 """bench/ckpt_stall.py: the chart's default durable save (nvrx, written from the step's snapshot) is
-measured beside the floor, its snapshot part reported apart (issue 27: a save blocks no longer than the
-snapshot it reuses, plus its hold of the slot)."""
+measured beside the floor, its snapshot part reported apart (a save blocks no longer than the snapshot it
+reuses, plus its hold of the slot)."""
 
 from __future__ import annotations
 

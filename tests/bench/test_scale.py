@@ -35,7 +35,7 @@ def test_every_table_has_a_row_per_size_and_every_series_a_fit(tiny: dict[str, A
     assert by["exporter lines per scrape vs steps"]["exponent"] == pytest.approx(0.0, abs=0.05)
     assert by["former exporter lines per scrape vs steps"]["exponent"] > 0.8
     assert by["event bytes per step per node vs ranks"]["exponent"] < 0.1  # constant per node
-    for row in t["event_bytes"]:  # before issue 23 every rank wrote snapshot and replica events
+    for row in t["event_bytes"]:  # every rank writing snapshot and replica events
         assert row["bytes_per_step_per_node_before"] > 4 * row["bytes_per_step_per_node_now"]
     # The rendezvous's hosts see every node's slot: N packed participants in the close's snapshot.
     for row in t["rendezvous"]:

@@ -1,4 +1,4 @@
-"""A team's own training code (issue 21): the chart values `entrypoint` and `entrypointArgs` reach the
+"""A team's own training code: the chart values `entrypoint` and `entrypointArgs` reach the
 trainer's command (docs/design.md, "The entry point"): `--entrypoint=<value>` among the trainer's options,
 then `--` and every argument exactly as written, last, in the trainer container and in check-config.
 The chart and the trainer refuse the same entry point names."""

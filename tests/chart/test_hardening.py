@@ -1,4 +1,4 @@
-"""Pod hardening, NetworkPolicy and the non-root run directories of the chart (issue 12)."""
+"""Pod hardening, NetworkPolicy and the non-root run directories of the chart."""
 
 from __future__ import annotations
 

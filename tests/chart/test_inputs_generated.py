@@ -1,4 +1,4 @@
-"""Generated chart values per class of issue 25 (templates/_inputs.tpl, values.schema.json): random members,
+"""Generated chart values per class of bad input (templates/_inputs.tpl, values.schema.json): random members,
 not only the examples. The rule: refused naming the value (the schema's `at '/path'` or a template message
 starting with the value's name), or rendered exactly as written.
 

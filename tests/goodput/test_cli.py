@@ -9,17 +9,18 @@ import sys
 import pytest
 
 from goodput import PlanError, Tier
-from goodput.cli import main, parse_tier
+from goodput.cli import main
+from goodput.tiers import parse_tier_spec
 from tests.helpers import REPO_ROOT
 
 
 def test_tier_spec_parsing():
-    tier = parse_tier("in-job:share=0.5:mttr=12.5:rollback=memory")
+    tier = parse_tier_spec("in-job:share=0.5:mttr=12.5:rollback=memory").tier()
     assert tier == Tier("in-job", 0.5, 12.5, "memory")
     with pytest.raises(PlanError, match="rollback"):
-        parse_tier("x:share=1:mttr=1:rollback=disk")
+        parse_tier_spec("x:share=1:mttr=1:rollback=disk")
     with pytest.raises(PlanError, match="mttr"):
-        parse_tier("x:share=1")
+        parse_tier_spec("x:share=1")
 
 
 def test_cli_prints_plan_and_writes_plot(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Deploy-time order and protections in the synthesized templates: add-ons wait for the system nodes,
 the VPC CNI enforces NetworkPolicy, flow logs are encrypted with a key CloudWatch Logs may use, and the
-FSx claim's request does not follow the file system's size (issue 12)."""
+FSx claim's request does not follow the file system's size."""
 
 from __future__ import annotations
 

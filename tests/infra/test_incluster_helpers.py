@@ -1,4 +1,4 @@
-"""The two small programs infra ships to run outside the synth (issue 22), run for real:
+"""The two small programs infra ships to run outside the synth, run for real:
 - the S3 bucket check Lambda handler, against a fake S3 client and a local HTTP server standing in for
   CloudFormation's response URL;
 - the checkpoint-key initializer, as a subprocess against a local HTTPS server standing in for the

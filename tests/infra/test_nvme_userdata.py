@@ -1,4 +1,4 @@
-"""The GPU node's NVMe script, run under bash in a scratch root with fake device tools (issue 22): it fails
+"""The GPU node's NVMe script, run under bash in a scratch root with fake device tools: it fails
 loudly instead of falling back to the root volume, and the kubelet never starts without the RAID."""
 
 from __future__ import annotations

@@ -182,8 +182,7 @@ def test_bad_observability_values_name_the_field(observability: dict[str, Any], 
 
 def _served_metric_names() -> set[str]:
     """Every sample name the trainer's exporter serves for a run with a fault, a save and an hour of age."""
-    from trainer.events.metrics import summarize_events
-    from trainer.events.metrics_export import run_families
+    from trainer.events.metrics_export import fold_events, fold_families
 
     def ev(name: str, t: float, rank: int = 0, **fields: Any) -> dict[str, Any]:
         return {"ev": name, "t": t, "rank": rank, "pid": 1, "restart": 0, "iteration": 0, **fields}
@@ -199,7 +198,7 @@ def _served_metric_names() -> set[str]:
         ev("step", 4.0, step=1, t_start=3.5, t_end=4.0, loss=1.0, tokens=8),
     ]
     names = set()
-    for family in run_families(summarize_events(events), events, now=4000.0):
+    for family in fold_families(fold_events(events), now=4000.0):
         names |= {s.name for s in family.samples}
     return names
 

@@ -1,5 +1,5 @@
 """Deployable twice: two synths of one team with a different image and different chart values, and what
-the API server would be asked on the second deploy (issue 12; the rule and its references: docs/infra.md,
+the API server would be asked on the second deploy (the rule and its references: docs/infra.md,
 "Redeploys").
 
 The second `cdk deploy` re-applies the KubernetesManifest objects (kubectl apply) and runs

@@ -1,7 +1,8 @@
-"""Issue 22, infra side, over the session synth (conftest.py): no node credentials in pods (IMDS hop limit 1,
-add-on credentials through Pod Identity), the S3 link (no imported deletions, the team's bucket checked
-before the link), the team checkpoint key created in-cluster, and one policy scan over every workload the
-stacks apply, with the checks tests/chart/test_hardening.py applies to the trainer's pods."""
+"""The infra side of docs/security.md, over the session synth (conftest.py): no node credentials in pods
+(IMDS hop limit 1, add-on credentials through Pod Identity), the S3 link (no imported deletions, the
+team's bucket checked before the link), the team checkpoint key created in-cluster, and one policy scan
+over every workload the stacks apply, with the checks tests/chart/test_hardening.py applies to the
+trainer's pods."""
 
 from __future__ import annotations
 
@@ -236,7 +237,7 @@ def test_every_workload_the_stack_applies_is_hardened(team: str, templates: dict
 
 
 def test_the_policy_scan_finds_what_the_old_scraper_lacked(templates: dict) -> None:
-    """The scan can fail: the CloudWatch scraper as it was before issue 22 gets every finding."""
+    """The scan can fail: the CloudWatch scraper without its hardening gets every finding."""
     objects = manifests(templates["ml-research"])
     (scraper,) = [o for o in objects if o["kind"] == "Deployment"]
     old = json.loads(json.dumps(scraper))

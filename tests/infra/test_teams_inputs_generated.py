@@ -1,5 +1,5 @@
 # ruff: noqa: RUF001  (the point: characters that look like ASCII and are not)
-"""Generated teams-file inputs per class of issue 25 (infra/inputs.py): random members, not only the
+"""Generated teams-file inputs per class of bad input (infra/inputs.py): random members, not only the
 examples. The rule: refused in one line naming the field (or the file and line), or accepted and
 delivered exactly as written.
 
@@ -279,7 +279,7 @@ def test_teams_file_that_is_not_a_small_regular_file(tmp_path: Path, alarm: None
 
 
 def test_issue_examples(tmp_path: Path) -> None:
-    """The examples of issue 25, each refused in one line naming the field."""
+    """The hand-written examples, each refused in one line naming the field."""
     cases = {
         "account": (dict(account="١١١١١١١١١١١١"), "teams[0].account: "),
         "region": (dict(region="us-esat-2"), "teams[0].region: "),

@@ -286,7 +286,7 @@ def test_value_case_is_refused_in_one_line(
     [
         _set("1.name", "t" * 56),
         _set("1.endpoint_public_cidrs", ["0.0.0.0/1", "203.0.113.0/24"]),
-        _set("1.endpoint_public_cidrs", ["198.51.100.0/24"]),  # issue 25: IPv6 is refused (IPv4 cluster)
+        _set("1.endpoint_public_cidrs", ["198.51.100.0/24"]),  # IPv6 is refused (IPv4 cluster)
         _set("0.network.vpc_cidr", "192.168.0.0/16"),
         _set("0.fsx.s3_path", "s3://a.b-c/x/y"),
         lambda d: d["teams"][1].update(

@@ -3,8 +3,7 @@
 Polled from the loop, a save's agreement rounds, its local seal and its commit ran between two steps:
 three or four steps after every save each stopped for a collective that waits for the slowest rank
 (rank skew), and rank 0's commit (the .metadata, the signed manifest, the rename, retention) kept every
-other rank waiting in the same broadcast. Measured in `make demo`: 80-180 ms on each of the three steps
-after every durable save, about 2 s of a 90 s run, twenty times the save's own stall. Here the manager's
+other rank waiting in the same broadcast: together many times the save's own stall. Here the manager's
 blocking finalize (its rounds, seal, drain and commit, on the manager's own group) runs in this thread
 while the loop trains on.
 

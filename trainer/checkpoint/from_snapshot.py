@@ -2,8 +2,8 @@
 
 With snapshots on, the loop has just copied the state of step N into a /dev/shm slot (trainer/snapshot/)
 when the save of step N is due. Copying it again from the live tensors, planning the DCP save (a
-collective) and handing it to the writer would block the loop a second time (0.2-2.4 s a save in the
-demo, most of it planning and, for the first save of a process, NVRx's worker start-up). Instead:
+collective) and handing it to the writer would block the loop a second time (most of it planning and,
+for the first save of a process, NVRx's worker start-up). Instead:
 
   loop thread (save()):   hold the slot (the next-but-one snapshot waits for it; it never has to),
                           note the tensors' DTensor placements from the snapshot's save dict, start the
@@ -18,16 +18,16 @@ demo, most of it planning and, for the first save of a process, NVRx's worker st
                           is the manager's, unchanged.
 
 The same all_reduce asks whether every rank's NVRx worker is up. A worker starts in seconds on a quiet
-host but took 20-40 s in the demo on 2 loaded cores (a fresh interpreter importing torch beside four
-training ranks), so the first save of every process waited for it, and the next save, due before that one
-was committed, blocked the loop for 2.8-3.1 s. While any rank's worker is still starting, the save is
+host but in tens of seconds on loaded cores (a fresh interpreter importing torch beside the training
+ranks), so the first save of every process would wait for it, and the next save, due before that one was
+committed, would block the loop for seconds. While any rank's worker is still starting, the save is
 written by the `fallback` backend instead (dcp.save in this thread: a few MB take milliseconds); the
 checkpoint is the same DCP checkpoint, its `.metadata` written by dcp.save instead of at commit.
 
 A save the loop waits for at once (the run's last step: `in_process`) is written by the fallback too.
 NVRx's worker runs at nice 10 so that it yields to training; with nothing left to train, that only makes
-the run's end wait: in the demo the worker's part of the final save (plan, hand-over, write) took 1.4-1.7 s
-of a 2 s tail for 4 MB a rank (four ranks and their workers on 2 cores).
+the run's end wait: the worker's part of the final save (plan, hand-over, write) would be most of the
+run's tail on shared cores.
 
 The checkpoint is bit for bit the one the direct path writes: the slot holds the same local shards, the
 skeleton the same non-tensor values (codec.py keeps tuples and key types), and the DTensor placements
@@ -96,8 +96,8 @@ def plan_metas(plan: codec.Plan) -> list[TensorMeta]:
 class MetasCache:
     """The metas of the last snapshot plan seen. Snapshots keep one plan while the live tensors stay put
     (same objects, same storage, so the same shapes and placements), so every save of an attempt after
-    the first reads them here: walking the save dict took 5-56 ms of each save's 10-90 ms stall in
-    `make demo` (4 ranks on 2 cores), about as long as the snapshot it reuses."""
+    the first reads them here: walking the save dict again costs about as long as the snapshot it
+    reuses."""
 
     def __init__(self) -> None:
         self._plan: codec.Plan | None = None
@@ -258,7 +258,7 @@ class FromSnapshot:
     def release(self, token: SnapshotWrite) -> None:
         """The save is committed: drop its writer (NVRx's holds the write buckets of the whole state).
         Called where the commit runs (the manager's commit thread in a training run); dropped at the next
-        start() instead, the buckets of a 1 GiB shard took 0.3 s of the loop's time to free."""
+        start() instead, freeing the buckets of a large shard would take the loop's time."""
         token.inner = None
 
     def abort(self) -> None:

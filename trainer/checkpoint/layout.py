@@ -22,7 +22,6 @@ import os
 import re
 import shutil
 import time
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,6 @@ LINEAGE = "lineage"
 MANIFEST_DOMAIN = "checkpoint manifest v1"
 FORMAT_VERSION = 1
 _COMMITTED = re.compile(r"^step_(\d{8,})$")
-_CHUNK = 8 << 20
 
 
 def committed_name(step: int) -> str:
@@ -49,15 +47,6 @@ def committed_name(step: int) -> str:
 
 def temp_name(step: int) -> str:
     return f".tmp-{committed_name(step)}"
-
-
-def crc32_file(path: Path) -> str:
-    """CRC32 of a file's bytes, as 8 hex digits (zlib's CRC32: fast, and enough to catch corruption)."""
-    crc = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
 
 
 def describe_files(directory: Path, names: list[str]) -> dict[str, dict[str, Any]]:

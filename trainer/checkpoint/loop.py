@@ -79,7 +79,7 @@ class CheckpointLoop:
         The writers' helper processes start here, after the attempt's first step, not with the manager:
         NVRx's worker is a fresh interpreter importing torch (seconds of CPU per rank) and, started with
         the manager, it ran beside the restore of every rank of a restarted job on the same cores (the
-        replaced node's ranks took 0.8-1.6 s to build the model in `make demo` instead of 0.1 s). A save
+        replaced node's ranks took ten times as long to build the model). A save
         due before the worker is up is written in this process (from_snapshot.py's fallback)."""
         self.manager.start_writers()
         if self.manager.should_save(step, self.last_step):

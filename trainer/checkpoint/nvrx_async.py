@@ -151,8 +151,8 @@ def abort_queue(queue: Any, timeout_s: float = 1.0) -> None:
         caller.process = None  # so NVRx's __del__/close do not join a dead worker's queues
         # A request still buffered for the dead worker keeps its queue's feeder thread blocked on a full
         # pipe nobody reads; multiprocessing joins that thread at interpreter exit, so a trainer that
-        # completed after an abort never exited (seen: a finished run alive 90 min later, MainThread in
-        # Queue._finalize_join). Nothing on these queues is needed once the worker is gone.
+        # completed after an abort would never exit (its MainThread in Queue._finalize_join). Nothing on
+        # these queues is needed once the worker is gone.
         for name in ("queue", "preload_q", "comp_q"):
             q = getattr(caller, name, None)
             if q is not None and hasattr(q, "cancel_join_thread"):
@@ -318,11 +318,11 @@ def warm_results_manager(results_queue: Any) -> None:
 
     The Manager is a spawned server process that unpickles every item put into its queue. The first
     save's write results are DCP `WriteResult`s, and unpickling them imports torch there: the worker's
-    `put` waited 1.2-1.4 s for it on a quiet host (cProfile of the worker's first write), the first
-    save's commit took 16 s in the demo on 2 loaded cores, and the next save blocked the loop for up to
-    0.8 s waiting for it. One result of the same classes, put and taken back, pays that at start-up.
-    Nothing else uses the queue meanwhile: no save of this process is handed to the worker until the
-    warm-up thread is done (NvrxBackend.worker_ready)."""
+    `put` waits about a second for it even on a quiet host, the first save's commit much longer on
+    loaded cores, and the next save blocks the loop waiting for it (docs/history.md). One result of the
+    same classes, put and taken back, pays that at start-up. Nothing else uses the queue meanwhile: no
+    save of this process is handed to the worker until the warm-up thread is done
+    (NvrxBackend.worker_ready)."""
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex
     from torch.distributed.checkpoint.storage import WriteResult

@@ -60,8 +60,7 @@ def create_optimizer_state(optim: torch.optim.Optimizer) -> None:
 
     A state dict needs the state to exist. Without it, DCP's get_state_dict creates it by running one
     optimizer step with zero gradients and lr 0: the whole AdamW update (sqrt, lerp, addcdiv, ...) through
-    DTensor dispatch, which in a freshly started worker is where most of a restore's time went (0.7 s of
-    0.8 s for the demo's model in a quiet process; 1-1.5 s per rank in the demo's node loss). The
+    DTensor dispatch, which in a freshly started worker is most of a restore's time. The
     optimizer's own `_init_group` creates exactly the tensors that step would (same keys, dtypes,
     shapes and placements), without computing anything; every value is then overwritten by the restore.
     Other optimizers, and one that has state already, are left to DCP.

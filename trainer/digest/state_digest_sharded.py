@@ -8,8 +8,8 @@ not), and the same as a one-rank run's. Replicated copies count once (the rank a
 replicated mesh dimension adds them; a plain tensor, global rank 0).
 
 What it replaces: gathering the full model and optimizer state on rank 0 and hashing it there, one
-collective per tensor. That took 0.7-0.9 s for the tiny preset on 4 CPU ranks, at the end of every run,
-and grows with the model: 70B parameters with their two Adam moments are 840 GB to gather to one host
+collective per tensor. That costs most of a second even for the tiny preset on CPU, at the end of every
+run, and grows with the model: 70B parameters with their two Adam moments are 840 GB to gather to one host
 and hash with one core (minutes), where this reads each rank's shard once.
 
 The per-element hash is a multiply-xorshift finalizer over (bits xor a position key): not cryptographic. Two

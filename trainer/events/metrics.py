@@ -368,8 +368,8 @@ def slow_steps(kept: list[dict[str, Any]], durations: list[float]) -> dict[str, 
     """The kept steps that took over SLOW_STEP_FACTOR x the median, and their time beyond the median.
 
     Productive time is the kept steps' whole duration, however slow: a step that a neighbour slowed down
-    is not in the loss breakdown. This names it. In the demo (4 ranks and their helpers on 2 cores) the
-    first steps after each process start ran 2-9x the median while the new processes' helpers (NVRx's
+    is not in the loss breakdown. This names it. With more ranks than cores (the local demo) the
+    first steps after each process start run several times the median while the new processes' helpers (NVRx's
     checkpoint worker, its write-results Manager, a replacement pod's zygote) imported torch beside them,
     and the steps after a durable save 2x while its background write ran; on a GPU node the helpers have
     CPU cores of their own and a step is GPU work. `durations`: the kept steps' (summarize_events')."""
@@ -405,7 +405,7 @@ def loss_breakdown(
       windows (the final save after the last step is the tail's). Rank 0's, not the slowest rank's: the
       terms are measured on rank 0's clock, like the productive time, and rank 0 waits for a slower
       node's snapshot inside its next step's first collective, which its step time already counts (the
-      slowest node's figure counted that wait twice: `other` came out negative in `make demo`);
+      slowest node's figure would count that wait twice and leave `other` negative);
     - tail: end of the last step -> last event (the final save's commit, the run's end);
     - other: what is left: the loop's own work at step boundaries (events, heartbeats, polls).
     The planner (goodput/fit.py predict_from_summary) uses the same terms.

@@ -138,17 +138,6 @@ def live_goodput(summary: dict[str, Any], first_t: float | None, now: float) -> 
     return summary["productive_s"] / (now - first_t)
 
 
-def window_goodput(steps: list[dict[str, Any]], since: float, until: float) -> float:
-    """Share of [since, until] spent in steps whose results were kept (the last execution of each step)."""
-    kept: dict[int, dict[str, Any]] = {}
-    for e in steps:  # sorted by time: later executions replace earlier ones
-        kept[int(e["step"])] = e
-    busy = math.fsum(
-        max(0.0, min(float(e["t_end"]), until) - max(float(e["t_start"]), since)) for e in kept.values()
-    )
-    return busy / (until - since)
-
-
 def _histogram(
     name: str,
     doc: str,
@@ -184,13 +173,6 @@ def _gauge(name: str, doc: str, value: float | None) -> Iterator[Metric]:
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=float(value))
-
-
-def run_families(summary: dict[str, Any], events: list[dict[str, Any]], now: float) -> Iterator[Metric]:
-    """The run's metric families from events already read (the summary is the same events' summary;
-    kept for callers that hold both). The exporter folds incrementally: `fold_families`."""
-    del summary  # every figure is folded from the events, as a scrape does
-    yield from fold_families(fold_events(events), now)
 
 
 def fold_families(fold: RunFold, now: float) -> Iterator[Metric]:

@@ -35,8 +35,8 @@ from trainer.launcher.podfiles import read_claim, write_claim
 # NVRx 0.7's launcher, stopping a worker group before each restart round, calls
 # `fault_tolerance.utils.terminate_mp_processes(pgids)`: SIGTERM to every worker process group, then a
 # fixed 1.0 s sleep, then SIGKILL. It sleeps even when every group is already gone (the usual case: the
-# workers exited or were reaped before), which was 1 s of every tier-2 recovery (of the demo's 7.3 s
-# node loss; docs/nvrx-restart-sleeps.md). `skip_idle_group_grace` runs it only when a group is left.
+# workers exited or were reaped before): 1 s of every tier-2 recovery (docs/nvrx-restart-sleeps.md).
+# `skip_idle_group_grace` runs it only when a group is left.
 
 
 def _process_group_exists(pgid: int) -> bool:
@@ -284,7 +284,7 @@ def keep_previous_ranks(
 
 # Every launcher has the same Step 0 wait: a hot spare stands by in it while the job trains, and after a
 # node loss the new round closes only once the spare has looked again, so the recovery paid up to one
-# more second (seen: the rendezvous phase of the demo's node loss 0.2-1.1 s, by the phase of that poll).
+# more second, depending on the phase of that poll.
 # Launchers poll as the service does, scaled by the job's size so that the standbys' looks at the store
 # stay bounded (`launcher_poll_s`): at 2,000 nodes a launcher waits NVRx's 1 s again.
 

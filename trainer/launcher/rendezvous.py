@@ -1,8 +1,9 @@
 """`python -m trainer.launcher.rendezvous NVRX_CONTROL_ARGS...`: the job's rendezvous service.
 
-The launchers' rendezvous store (a c10d TCPStore) and the closing of NVRx's barrier rounds used to live in
-pod 0's ft_launcher: losing pod 0 took the store with it, every other launcher exited 1 and the Job
-controller replaced every pod (docs/failure-domains.md). This process holds them instead, in a pod of
+The launchers' rendezvous store (a c10d TCPStore) and the closing of NVRx's barrier rounds are not in
+pod 0's ft_launcher (NVRx's default): losing pod 0 would take the store with it, every other launcher
+would exit 1 and the Job controller would replace every pod (docs/failure-domains.md). This process holds
+them instead, in a pod of
 its own (the chart's `<release>-rendezvous` Deployment and Service); every launcher is a store client
 (`is_host=0`). It is NVRx's own control node (`nvrx-control`, nvidia_resiliency_ext's
 fault_tolerance/control_plane.py: the store host that closes rounds without joining them), with two

@@ -26,8 +26,8 @@ process, which has the store client library loaded anyway, writes the epoch it j
 `EPOCH_FILE_ENV` (trainer/launcher/ft.py) and, when it fails, what answers at the endpoint then
 (`record_service_after_failure`: another epoch, or none) to the verdict file beside it. Only when
 ft_launcher ended without a verdict does one short-lived `python -m trainer.launcher.supervise
---wait-epoch` read the service's epoch again: it imports torch, which delayed every failing pod's exit by
-2-3 s on a 2-core host (bench.recovery exception/full: the pod's exit 3.9 s after the fault).
+--wait-epoch` read the service's epoch again: it imports torch, which would delay every failing pod's
+exit by seconds.
 
 Signals the kubelet sends (SIGTERM, SIGINT) are forwarded to ft_launcher and end supervision: a pod that
 is being stopped is never restarted. The supervisor leads the pod's process group, as the exec'd

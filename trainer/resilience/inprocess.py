@@ -189,7 +189,7 @@ class WrapperStore(_WrapperBarriers, TCPStore):
         # The host does not wait in the constructor for every rank to connect: NVRx's initial barrier
         # right after waits for them anyway, bounded by the barrier timeout. Waiting here too, when a
         # peer never comes (a spare lost while it joins), cost a barrier timeout, then NVRx retried as a
-        # client for two more (seen: 79 s with a 25 s barrier timeout instead of 26 s).
+        # client for two more (three barrier timeouts instead of one).
         kwargs.setdefault("wait_for_workers", False)
         super().__init__(**kwargs)
         self.liveness_timeout = liveness_timeout
@@ -201,7 +201,7 @@ class LauncherWrapperStore(_WrapperBarriers, torch.distributed.PrefixStore, Stor
     trainer/launcher/rendezvous.py), under a namespace of this job's rendezvous round: no rank hosts it,
     so losing the node of global rank 0 leaves the survivors a store to agree through, and they leave to
     tier 2 within the liveness timeout instead of waiting for their launcher's heartbeat timeout on a
-    dead host (seen: 30 s). The namespace holds the round (TORCHELASTIC_RESTART_COUNT) because each
+    dead host. The namespace holds the round (TORCHELASTIC_RESTART_COUNT) because each
     round's workers count their in-process iterations from 0 again. NVRx then treats no rank as critical
     (`critical_ranks` is empty), so no rank waits at exit for the others to leave the store."""
 

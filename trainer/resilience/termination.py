@@ -110,24 +110,6 @@ def install_termination_handler(
     state.thread.start()
 
 
-def uninstall_termination_handler() -> None:
-    """Restore the previous handlers and wakeup fd (tests; a process that stops being a launcher worker)."""
-    global _installed
-    state = _installed
-    if state is None:
-        return
-    _installed = None
-    for sig, previous in state.previous_handlers.items():
-        signal.signal(sig, previous)  # type: ignore[arg-type]
-    signal.set_wakeup_fd(state.previous_wakeup_fd)
-    if state.write_sock is not None:
-        state.write_sock.close()  # wakes the watcher, which then sees EOF and ends
-    if state.thread is not None:
-        state.thread.join(timeout=1.0)
-    if state.read_sock is not None:
-        state.read_sock.close()
-
-
 def _python_handler(signum: int, frame: object) -> None:
     # Reached only when the main thread is in the interpreter; the watcher thread usually got there first.
     state = _installed
@@ -143,7 +125,7 @@ def _watch(state: _Installed) -> None:
             data = read_sock.recv(64)
         except OSError:
             return
-        if not data:  # write end closed: uninstalled
+        if not data:  # write end closed: the process is ending
             return
         # The wakeup fd carries every signal that has a Python handler (SIGINT, SIGCHLD, ...): pick ours.
         for signum in data:

@@ -217,7 +217,7 @@ def _exit_for_tier2(trainer: Trainer) -> None:
     """Exit now, without the interpreter's teardown, once the Wrapper handed recovery to the launcher.
 
     The Wrapper has shut its monitor down and nothing of this process is worth finishing, but the
-    teardown (atexit hooks, freeing ~10^6 objects) took 3.3 s here, and the launcher restarts the
+    teardown (atexit hooks, freeing ~10^6 objects) takes seconds, and the launcher restarts the
     group only once every worker is gone. Exit status 1: an ordinary worker failure to the launcher.
     """
     trainer.heartbeat.stop()

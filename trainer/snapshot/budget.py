@@ -64,8 +64,8 @@ def check_fits(directory: Path, bytes_per_copy: int, *, local_ranks: int, replic
 def _held_bytes(directory: Path) -> int:
     """Bytes of the slot files in `directory` now. The pod's other ranks replace and remove their files
     while this runs (a replica's receive unlinks the slot it replaces), so a file listed and gone by the
-    time it is measured is skipped: in `make demo` that race stopped a rank with FileNotFoundError in the
-    middle of training, an in-process restart nobody injected."""
+    time it is measured is skipped: else that race stops a rank with FileNotFoundError in the middle of
+    training, an in-process restart nobody injected."""
     held = 0
     for pattern in _SLOT_FILES:
         for path in directory.glob(pattern):

@@ -1,11 +1,10 @@
 """The snapshot payload's checksum: XXH3-128 (xxHash), as 32 hex digits in the slot's header.
 
 Every restore verifies the bytes it loads, so the checksum's speed is a floor of the restore from memory
-and a share of each snapshot's background commit. zlib's CRC32 ran at 2.3 GB/s on this project's 2-core
-machine, where a plain memcpy of the same bytes ran at 13 GB/s: 64 MiB took 28 ms to verify against 5 ms
-to copy, so verification alone was 5x the copy. XXH3-128 took 3.4 ms (about 20 GB/s, faster than the
-copy) and, like zlib, releases the GIL while it hashes (xxhash 4; 3.6 held it, and each commit stalled
-the loop's next step for the whole hash), so the background commit overlaps the next step.
+and a share of each snapshot's background commit. zlib's CRC32 is several times slower than a memcpy of
+the same bytes, so verification alone would cost more than the copy; XXH3-128 hashes faster than memcpy
+copies (docs/history.md has the figures) and, like zlib, releases the GIL while it hashes (from xxhash 4
+on), so the background commit overlaps the next step.
 It is an integrity check (torn or scribbled bytes), not an authenticator: a replica that crosses the
 network is also authenticated by its channel (trainer/snapshot/replica_net.py).
 """

@@ -1,7 +1,7 @@
 """The save dict of each snapshot, built once per attempt and reused while the live tensors stay put.
 
 Building a save dict (torch's get_state_dict: FQN mapping, option checks, a DTensor per parameter) and
-flattening it took about 10 ms of a snapshot's ~25 ms in the demo, every step, to produce the same
+flattening it is a large share of a snapshot's time (docs/history.md), every step, to produce the same
 tensors again: FSDP2's sharded parameters and AdamW's moments are the same objects, in the same memory,
 from step to step. So the first snapshot of an attempt keeps the model and optimizer part of its save
 dict and its codec.Plan (the local tensors and their payload offsets), and each later snapshot

@@ -58,7 +58,7 @@ class ReplicaShelf:
     ) -> None:
         """`manages(owner)`: whether `held()` and `discard()` look at owner's files at all. The directory
         is the pod's, shared by all its ranks: without it, one rank's discard deleted the replica a
-        local peer was serving (seen in the demo: FileNotFoundError in the peer's restore). None: every
+        local peer was serving (a FileNotFoundError in the peer's restore). None: every
         file (a directory of this rank's alone)."""
         self.dir = Path(directory)
         self.world_size, self.fingerprint = world_size, fingerprint

@@ -277,7 +277,8 @@ class SnapshotStore:
     """The wait for a held slot sleeps in chunks this long. A fault on another rank reaches the loop
     thread as the in-process Wrapper's asynchronous exception, which Python delivers only between two
     waits: one long wait kept a rank here, behind a durable save's reader stuck in a collective with
-    the faulted rank, until that collective's timeout (seen: a 10.4 s tier-1 restart instead of 0.6 s)."""
+    the faulted rank, until that collective's timeout (a tier-1 restart of seconds instead of a fraction
+    of one)."""
 
     def _wait_unheld(self, slot: int, timeout_s: float | None = None) -> None:
         limit = self.HOLD_WAIT_S if timeout_s is None else timeout_s

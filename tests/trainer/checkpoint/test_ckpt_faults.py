@@ -90,6 +90,6 @@ def test_a_crash_inside_a_save_then_a_corrupt_newest_checkpoint_are_both_passed_
 
     # Every visible checkpoint at the end is a complete one the run committed.
     commits = {c["step"] for c in of(evs, "ckpt_commit")}
-    assert commits == {2, 5, 8, 9}  # 9: the last step is always committed (issue 9)
+    assert commits == {2, 5, 8, 9}  # 9: the last step is always committed
     visible = sorted(p.name for p in (out / "ckpt").iterdir() if p.is_dir() and not p.name.startswith("."))
     assert all(name.startswith("step_") for name in visible), visible

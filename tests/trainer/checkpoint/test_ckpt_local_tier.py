@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import threading
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ from trainer.checkpoint import (
 from trainer.checkpoint import local_tier as local_tier_module
 from trainer.checkpoint.state import fingerprint
 from trainer.snapshot.restore import restore
+
+
+def crc32_file(path: Path) -> str:
+    """An independent CRC32 of a file's bytes, 8 hex digits, as the manifests record it."""
+    return f"{zlib.crc32(path.read_bytes()):08x}"
 
 
 def _cfg(root: Path, mode: str = "torch-async", local: Path | None = None, **kw: Any) -> CheckpointConfig:
@@ -96,7 +102,7 @@ def test_the_shared_commit_comes_only_after_the_drain(tmp_path: Path, one_rank: 
     manifest = json.loads((tmp_path / "ckpt" / "step_00000000" / layout.MANIFEST).read_text())
     local_dir = tmp_path / "local" / "step_00000000"
     for name, entry in manifest["files"].items():  # the shared copy is the sealed local one, byte for byte
-        assert layout.crc32_file(local_dir / name) == entry["crc32"], name
+        assert crc32_file(local_dir / name) == entry["crc32"], name
     assert set(seal["files"]) | {".metadata"} == set(manifest["files"])
 
 
@@ -148,7 +154,7 @@ def test_a_process_killed_during_the_drain_leaves_the_shared_checkpoint_whole(tm
     assert _steps(tmp_path / "ckpt") == [0]
     manifest = json.loads((tmp_path / "ckpt" / "step_00000000" / layout.MANIFEST).read_text())
     for name, entry in manifest["files"].items():
-        assert layout.crc32_file(tmp_path / "ckpt" / "step_00000000" / name) == entry["crc32"], name
+        assert crc32_file(tmp_path / "ckpt" / "step_00000000" / name) == entry["crc32"], name
     assert (tmp_path / "ckpt" / ".tmp-step_00000001").is_dir(), "the kill did not land in the drain"
     assert (tmp_path / "local" / "step_00000001" / "rank0.json").is_file()
 
@@ -176,7 +182,7 @@ def test_retention_covers_both_tiers(tmp_path: Path, one_rank: Any) -> None:
     state = make_state(one_rank)
     cfg = _cfg(tmp_path, "sync")
     # Another run's sealed local step (another model, and not this directory's lineage: lease.py): never
-    # restored, and pruned when the manager starts (issue 22: the NVMe tier is tied to the run).
+    # restored, and pruned when the manager starts (the NVMe tier is tied to the run).
     foreign = tmp_path / "local" / "step_00000001"
     foreign.mkdir(parents=True)
     (foreign / "rank0.json").write_text(json.dumps({"format": 1, "step": 1, layout.FINGERPRINT: "other"}))

@@ -1,5 +1,5 @@
-"""A fresh worker's restore creates the optimizer's state without an optimizer step (issue 10:
-trainer/checkpoint/state.py: create_optimizer_state), on a 1-rank FSDP2 mesh in this process."""
+"""A fresh worker's restore creates the optimizer's state without an optimizer step
+(trainer/checkpoint/state.py: create_optimizer_state), on a 1-rank FSDP2 mesh in this process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Checkpoints that never lose a step or delete the wrong one (issue 9), on one rank in this process.
+"""Checkpoints that never lose a step or delete the wrong one, on one rank in this process.
 
 Each test names the problem it pins down; every one of them failed on the code before the fix:
 1 the last steps were never saved, 2 retention deleted the checkpoint just committed (and counted broken

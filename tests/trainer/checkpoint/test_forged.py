@@ -1,4 +1,4 @@
-"""A forged checkpoint is skipped and nothing of it is unpickled (issue 22, point 3).
+"""A forged checkpoint is skipped and nothing of it is unpickled (docs/security.md).
 
 The forger can write the checkpoint directory (the FSx claim, the S3 prefix) but has no checkpoint key:
 it plants a newer step whose files all match its manifest (sizes, CRC32s, SHA-256s) and whose DCP

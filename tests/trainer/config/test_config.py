@@ -204,7 +204,7 @@ def test_a_node_loss_fires_once_per_run_whichever_rank_of_the_node_claims_it(
 ) -> None:
     """Node 1's loss fires on the ranks of the round that claimed it, and never again on the ranks that
     take node 1's place in a later round (a spare's), even when a rank of the node never got to write
-    anything before the pod died (issue 26: it fired twice in a demo run)."""
+    anything before the pod died (else the fault fires twice)."""
     import trainer.runtime.faults as faults
 
     fired: list[tuple[int, str]] = []

@@ -1,5 +1,5 @@
 """Generated bad inputs for the trainer (trainer/config/inputs.py): random members of each class, not only the
-examples of issue 25. The rule: refused in one `config error: <field>: why` line (exit 2 in
+hand-written examples. The rule: refused in one `config error: <field>: why` line (exit 2 in
 `--check-config`), or accepted and used exactly as written.
 
 Classes: environment settings (each parsed as its flag), seconds past a week, token files and sidecars

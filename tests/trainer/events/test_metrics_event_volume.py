@@ -1,4 +1,4 @@
-"""Per-step event bytes per node do not grow with the ranks per node (Contract 3, issue 23): the real
+"""Per-step event bytes per node do not grow with the ranks per node (Contract 3): the real
 EventLog, driven with exactly the per-step emits of the loop (trainer/api/job.py) and the replica
 sender (trainer/snapshot/replica.py), at 1, 2 and 8 ranks per node."""
 

@@ -1,4 +1,4 @@
-"""No pod and no single service is a point of failure (issue 26, docs/failure-domains.md): the pod command
+"""No pod and no single service is a point of failure (docs/failure-domains.md): the pod command
 as the chart renders it, 2 nodes + 1 hot spare on 127.0.0.1 (bench/recovery_pods.py's harness), loses
 node 0 (pod 0: the rendezvous host before the rendezvous service existed), then the rendezvous service
 itself, then one training pod's ft_launcher process, and finishes in the job, bitwise equal to a

@@ -60,7 +60,7 @@ def test_four_rank_exception_recovers_without_waiting_for_the_collective_timeout
     fault = "--fault=exception:step=5:rank=1"
     # sync, not the chart's nvrx: with 4 ranks on 2 loaded cores, the 4 NVRx workers' cold start after the
     # restart held one rank in its first save past the 20 s collective timeout of a peer (a second,
-    # spurious restart; open finding, reported with issue 9). This test is about the abort, not the writer.
+    # spurious restart). This test is about the abort, not the writer.
     extra = ["--inprocess", fault, "--ckpt-mode=sync", *timeouts]
     argv = [*torchrun(nproc=4), *trainer_args(token_file, out, *extra, steps=8)]
     assert run_job(argv, log) == 0, log_tail(log)

@@ -1,5 +1,5 @@
 """The trainer writes nothing outside its mounted paths, so its pods can run with a read-only root
-filesystem (issue 12; k8s/templates/_security.tpl).
+filesystem (k8s/templates/_security.tpl).
 
 The rendered pod's init containers and its `ft_launcher ... -m trainer` command (1 pod x 2 ranks, NVRx
 in-process restart and async checkpoints on) run in a private mount namespace where the whole root

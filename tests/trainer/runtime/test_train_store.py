@@ -1,4 +1,4 @@
-"""The training group's store is up before any other rank looks for it (trainer/runtime/train.py, issue 26).
+"""The training group's store is up before any other rank looks for it (trainer/runtime/train.py).
 
 Rank 0 hosts it when its Trainer is built, before the in-process Wrapper's initial barrier; the other
 ranks connect only after that barrier. Hosted in the first attempt instead, it came up while they were

@@ -1,4 +1,4 @@
-"""The restore agreement's cost (trainer/snapshot/restore.py, issue 26): what a snapshot restore does not
+"""The restore agreement's cost (trainer/snapshot/restore.py): what a snapshot restore does not
 pay for, and the one round it must keep.
 
 - A snapshot newer than every rank's newest locally sealed step is restored after one all_gather and the
@@ -7,8 +7,8 @@ pay for, and the one round it must keep.
 - A local step newer than the snapshot is still verified and wins.
 - A rank that pulls its state from a peer's replica does so only after one more round, in which every
   holder learned the channel key (without it a pull could reach a holder before its key and be refused).
-- A restore checksums the one slot it loads, not both (issue 27: verifying both before the agreement
-  doubled a restore from memory); a newest slot whose payload fails its checksum is found by that load,
+- A restore checksums the one slot it loads, not both (verifying both before the agreement would
+  double a restore from memory); a newest slot whose payload fails its checksum is found by that load,
   before a byte of it reaches the state, and the group agrees on the older one.
 """
 

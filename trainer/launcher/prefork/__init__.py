@@ -2,8 +2,8 @@
 
 Why: ft_launcher replaces every worker process of a pod at each restart round (NVRx 0.7 restarts the
 whole worker group, survivors included), and a fresh `python -m trainer` spends 4-5 s importing torch,
-FSDP, DCP and NVRx before it can rejoin, more when a pod's ranks import at once on shared cores. Measured
-on the demo's node loss that import was the largest phase of the recovery. A process that has already
+FSDP, DCP and NVRx before it can rejoin, more when a pod's ranks import at once on shared cores: the
+largest phase of a node loss's recovery. A process that has already
 imported everything and forks a child per worker start skips it: the child begins with the modules
 loaded and only builds the process group, the model and restores.
 
