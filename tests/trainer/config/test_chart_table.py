@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.chart.helm import REPO_ROOT as REPO
 from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_container, workload_pod_spec
 from trainer.config.components import CHART_TABLE, COMPONENTS, chart_values
 from trainer.config.settings import declared
 from trainer.config.train_config import TrainConfig, make_parser
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
 
-REPO = Path(__file__).resolve().parents[2]
 POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
 
 # One non-default value per row, by field: set through the table, read back from the TrainConfig the
