@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from tests.trainer._ckpt import SMALL, Counter, Events
@@ -122,21 +121,3 @@ def test_a_forged_nvme_seal_is_not_offered(tmp_path: Path) -> None:
         offers, refused = tier.offers("fp")
         assert offers == [] and "seal" in refused[0], refused
     assert not marker.exists()
-
-
-@pytest.mark.parametrize("content", [b"", b"short", b"\n" * 40])
-def test_key_files_that_are_not_keys_stop_in_one_line(tmp_path: Path, content: bytes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from trainer.config.errors import UnrecoverableError
-
-    path = tmp_path / "key"
-    path.write_bytes(content)
-    monkeypatch.setenv(keys.CKPT_KEY_ENV, str(path))
-    with pytest.raises(UnrecoverableError, match=rf"^{keys.CKPT_KEY_ENV}: key file .* holds \d+ bytes"):
-        keys.checkpoint_key(tmp_path / "ckpt")
-    import os
-
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    monkeypatch.setenv(keys.CKPT_KEY_ENV, str(fifo))
-    with pytest.raises(UnrecoverableError, match="not a regular file"):
-        keys.checkpoint_key(tmp_path / "ckpt")

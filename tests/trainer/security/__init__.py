@@ -1,1 +1,1 @@
-"""Tests of trainer/security/: key files."""
+"""Tests of trainer/security/: key files and the signatures of manifests and seals."""
