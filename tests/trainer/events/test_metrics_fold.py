@@ -11,7 +11,7 @@ import pytest
 
 from bench.scale_events import Fault, write_run
 from trainer.events.metrics import summarize
-from trainer.events.metrics_export import EventTail
+from trainer.events.metrics_export import EventTail, fold_families
 from trainer.events.metrics_fold import RunFold
 
 FAULTS = [Fault(57, "exception", 3), Fault(140, "sigkill", 1), Fault(233, "exception", 0)]
@@ -103,9 +103,9 @@ def _scrape_cost(out: Path, steps: int, ranks: int) -> tuple[int, int]:
     tail.poll()
     before = tail.fold.work.lines_parsed + tail.fold.work.records_visited
     write_run(out, ranks=ranks, steps=1, first_step=steps, t0=t, completed=False, start=False)
-    list(__import__("trainer.events.metrics_export").metrics_export.fold_families(tail.fold, t + 200))
+    list(fold_families(tail.fold, t + 200))
     tail.poll()
-    list(__import__("trainer.events.metrics_export").metrics_export.fold_families(tail.fold, t + 200))
+    list(fold_families(tail.fold, t + 200))
     after = tail.fold.work.lines_parsed + tail.fold.work.records_visited
     return after - before, tail.fold.held()
 
