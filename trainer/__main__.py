@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     options = argv[: argv.index("--")] if "--" in argv else argv
     if "--check-config" not in options:
-        from trainer.runtime.verdict import recorded_line
+        from trainer.resilience.verdict import recorded_line
 
         line = recorded_line(argv, os.environ)
         if line is not None:  # an earlier start of this run met an error no restart can fix: before torch

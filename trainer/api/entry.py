@@ -106,7 +106,7 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
     argv = list(argv)
     check_only = "--check-config" in split_entry_args(argv)[0]
     final = EXIT_NO_RESTART if "TORCHELASTIC_RUN_ID" in os.environ and not check_only else EXIT_CONFIG
-    from trainer.runtime.verdict import recorded_line
+    from trainer.resilience.verdict import recorded_line
 
     line = None if check_only or recorded_checked else recorded_line(argv, os.environ)
     if line is not None:  # an earlier start of this run met an error no restart can fix
@@ -126,7 +126,7 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
     except UnrecoverableError as exc:
         print(error_line(exc), file=sys.stderr)
         if final == EXIT_NO_RESTART:  # a 0.4.1 ft_launcher relaunches anyway: the record ends those at once
-            from trainer.runtime.verdict import record_unrecoverable
+            from trainer.resilience.verdict import record_unrecoverable
 
             record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return final
@@ -145,7 +145,7 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
         return train_main(cfg, fn)
     except UnrecoverableError as exc:  # raised before the loop (e.g. the metrics port taken meanwhile)
         print(error_line(exc), file=sys.stderr)
-        from trainer.runtime.verdict import record_unrecoverable
+        from trainer.resilience.verdict import record_unrecoverable
 
         record_unrecoverable(argv, exc, int(os.environ.get("RANK", "0") or 0), os.environ)
         return EXIT_NO_RESTART

@@ -2,6 +2,8 @@
 like plain PyTorch.
 
 - timeouts.py: every timeout and port, checked to nest (tier 1 inside tier 2);
+- verdict.py: what is retried and what is not: the unrecoverable-error record a later start reads
+  before torch, and the repeated-fault bound;
 - inprocess.py: tier 1, the NVRx in-process Wrapper made safe and fast on CPU/gloo;
 - heartbeat.py, termination.py: tier 2, ft_launcher heartbeats and the SIGTERM path;
 - hangtimeout.py: tier 2's hang timeout calculated from the measured step time;

@@ -59,7 +59,7 @@ from nvidia_resiliency_ext.inprocess.store import StoreMixin, TCPStore
 from trainer.config.errors import UnrecoverableError
 from trainer.resilience.liveness import LIVENESS_STORE_ENV, NodeLost, RoundWatch, parse_endpoint
 from trainer.resilience.timeouts import Ports, Timeouts
-from trainer.runtime.verdict import RepeatGuard
+from trainer.resilience.verdict import RepeatGuard
 
 log = logging.getLogger(__name__)
 

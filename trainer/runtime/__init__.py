@@ -6,7 +6,6 @@ once per attempt.
 - preflight.py: the start-up checks that need the file system but no process group (`World`);
 - faults.py:    deterministic fault injection, off by default;
 - failures.py:  what an exception that left an attempt becomes (frames dropped, one line, a refused resume);
-- verdict.py:   what is retried and what is not (the unrecoverable-error record, the repeated-fault bound);
 - children.py:  a rank's helper processes end with it;
 - ports.py:     free TCP ports for local runs.
 

@@ -34,7 +34,7 @@ from trainer.runtime.failures import drop_frames, one_line, refused_resume
 from trainer.runtime.faults import FaultInjector, resolve_ranks
 from trainer.runtime.preflight import open_metrics_server
 from trainer.runtime.session import ProcessInfo, Session, select_device
-from trainer.runtime.verdict import RepeatGuard
+from trainer.resilience.verdict import RepeatGuard
 from trainer.snapshot.manager import Snapshots
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | No
     """The exit status, after one printed line, for a failure no restart can fix: EXIT_NO_RESTART for
     an unrecoverable error of this rank (or one a peer recorded), 1 when tier 1 gave up on a repeating
     fault (ft_launcher's turn). None for anything else: it is re-raised for the launcher to retry."""
-    from trainer.runtime.verdict import record_unrecoverable, recorded_line
+    from trainer.resilience.verdict import record_unrecoverable, recorded_line
 
     gave_up = False
     if cfg.run.inprocess:

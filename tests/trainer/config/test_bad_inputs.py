@@ -422,7 +422,7 @@ def test_at_start_up_under_a_launcher_the_same_line_exits_93(
     assert_one_line(err, "fault", "rank 2 does not exist (world size 2, from WORLD_SIZE)")
     # No events: nothing started. The record makes a relaunch (ft_launcher 0.4.1) exit 93 at once.
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["unrecoverable.json"]
-    from trainer.runtime.verdict import recorded_line
+    from trainer.resilience.verdict import recorded_line
 
     argv = [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=2"]
     line = recorded_line(argv, os.environ)
