@@ -29,12 +29,12 @@ from trainer.events import spans
 from trainer.events.metrics import EventLog, write_summary
 from trainer.launcher import prefork
 from trainer.resilience.timeouts import trainer_ports
+from trainer.resilience.verdict import RepeatGuard
 from trainer.runtime.children import kill_children
 from trainer.runtime.failures import drop_frames, one_line, refused_resume
 from trainer.runtime.faults import FaultInjector, resolve_ranks
 from trainer.runtime.preflight import open_metrics_server
 from trainer.runtime.session import ProcessInfo, Session, select_device
-from trainer.resilience.verdict import RepeatGuard
 from trainer.snapshot.manager import Snapshots
 
 log = logging.getLogger(__name__)
