@@ -16,10 +16,17 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- end }}
 {{- end }}
 
-{{/* Fails unless every key of the map (list of value name and map) matches the pattern (list of regex and what it is). */}}
+{{/*
+Fails unless every key of the map (list of value name and map) matches the pattern (list of regex and what
+it is). A key "true" or "false" is refused whatever the pattern: Helm reads values as YAML 1.1, so an
+unquoted y, yes, on (n, no, off) key arrives as "true" ("false"), and two of them silently become one.
+*/}}
 {{- define "trainer.requireKeys" -}}
 {{- $name := index . 0 }}
 {{- range $key, $_ := index . 1 }}
+{{- if has $key (list "true" "false") }}
+{{- fail (printf "%s: key %q is how Helm reads an unquoted y/yes/on/true (n/no/off/false) key (YAML 1.1 booleans); quote the key as you mean it" $name $key) }}
+{{- end }}
 {{- if not (regexMatch (index $ 2) $key) }}
 {{- fail (printf "%s: key %q is not %s" $name $key (index $ 3)) }}
 {{- end }}
@@ -104,6 +111,8 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- include "trainer.requireKeys" (list "nodeSelector" $v.nodeSelector $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "podLabels" $v.podLabels $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "podAnnotations" $v.podAnnotations $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "podMonitor.labels" (default dict $v.podMonitor.labels) $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "rendezvous.nodeSelector" $v.rendezvous.nodeSelector $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "extraEnv" $v.extraEnv "^[A-Za-z_][A-Za-z0-9_]*$" "an environment variable name (letters, digits, _; not starting with a digit)") }}
 {{- /* The trainer checks this chain at start-up (trainer/resilience/timeouts.py), whatever inprocess
      is; failing here surfaces it at install time instead of as a crashing pod. */}}
