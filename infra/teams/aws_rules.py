@@ -13,6 +13,7 @@ from infra.inputs import ACCOUNT_ID, cidr_problem, non_ascii_problem, path_segme
 from infra.inputs import IAM_PRINCIPAL_ARN as ARN_PATTERN
 from infra.inputs import partition_of as partition_of
 from infra.inputs import region_problem as region_problem
+from infra.namespaces import namespace_owner
 
 # Patterns are matched with fullmatch: `$` would accept a trailing newline (a YAML block scalar).
 # re.ASCII everywhere: `\d` and `\w` would accept Arabic-Indic digits and Cyrillic letters (infra/inputs.py).
@@ -46,6 +47,11 @@ def team_name_problem(name: str) -> str | None:
         return (
             f"{len(name)} characters is too long: derived names such as the node group {longest!r} "
             f"({len(longest)}) must stay within {MAX_DERIVED_NAME} (at most {MAX_TEAM_NAME} characters)"
+        )
+    if owner := namespace_owner(name):
+        return (
+            f"{name!r} is a namespace of {owner}; the team's namespace (quota, service account, trainer) "
+            "is named after the team, so choose another name"
         )
     return None
 

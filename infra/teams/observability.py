@@ -43,3 +43,8 @@ class ObservabilityConfig(StrictModel):
     cloudwatch_addon_version: Annotated[str, Field(pattern=ADDON_VERSION_PATTERN)] | None = None
     """amazon-cloudwatch-observability add-on version; none: EKS's default for the cluster's version."""
     alarms: AlarmThresholds = AlarmThresholds()
+
+
+def alarm_topic_name(team_name: str, config: ObservabilityConfig) -> str:
+    """The SNS topic's name: the team's `alarm_topic_name`, else `<team>-training-alarms`."""
+    return config.alarm_topic_name or f"{team_name}-training-alarms"

@@ -20,7 +20,7 @@ from infra.teams.checkpoints import CheckpointConfig, sizing_inputs
 from infra.teams.errors import FieldError
 from infra.teams.network import NetworkConfig
 from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
-from infra.teams.observability import ObservabilityConfig
+from infra.teams.observability import ObservabilityConfig, alarm_topic_name
 from infra.teams.storage import FsxConfig
 from sizing.model import SizingResult, size
 
@@ -188,6 +188,18 @@ class TeamConfig(StrictModel):
     def stack_name(self) -> str:
         return self.name
 
+    @property
+    def owned_names(self) -> list[tuple[str, str, str, bool]]:
+        """(kind, name, the field it comes from, whether the team wrote it) of every name this team's stack
+        creates that AWS keeps one of per account and region; the cross-team check refuses two teams
+        sharing one. Log groups and the dashboard are named after the stack, so the stack covers them."""
+        topic = alarm_topic_name(self.name, self.observability)
+        written = self.observability.alarm_topic_name is not None
+        return [
+            ("CloudFormation stack", self.stack_name, "name", True),
+            ("SNS topic", topic, "observability.alarm_topic_name", written),
+        ]
+
 
 class TeamsFile(StrictModel):
     """The whole teams file: `teams:` is a non-empty list; the first team is the default one."""
@@ -203,4 +215,43 @@ class TeamsFile(StrictModel):
                     ("teams", i, "name"), f"duplicate team name {team.name!r} (also teams[{seen[team.name]}])"
                 )
             seen[team.name] = i
+        self._check_shared_names()
+        self._check_shared_exports()
         return self
+
+    def _check_shared_names(self) -> None:
+        """Names AWS keeps one of per account and region, derived or written: two teams may not share one
+        (the second stack's deploy would fail, or, for a topic, both teams' alarms would mix)."""
+        owners: dict[tuple[str, str, str, str], tuple[int, str, bool]] = {}
+        for i, team in enumerate(self.teams):
+            for kind, name, field, written in team.owned_names:
+                key = (kind, team.account, team.region, name)
+                if key in owners:
+                    j, other_field, other_written = owners[key]
+                    how = "" if other_written else "default "
+                    raise FieldError(
+                        ("teams", i, *field.split(".")),
+                        f"the {kind} {name!r} is also the {how}{kind} of team {self.teams[j].name} "
+                        f"(teams[{j}].{other_field}) in account {team.account}, {team.region}; "
+                        f"give team {team.name} its own",
+                    )
+                owners[key] = (i, field, written)
+
+    def _check_shared_exports(self) -> None:
+        """Two file systems linked to one S3 prefix (or one inside the other) export the same run names
+        (the chart's default run, `checkpoints/<run>/`) to the same keys and overwrite each other."""
+        linked: list[tuple[int, str]] = []
+        for i, team in enumerate(self.teams):
+            if team.fsx.s3_path is None:
+                continue
+            mine = team.fsx.s3_path.rstrip("/") + "/"
+            for j, theirs in linked:
+                if mine.startswith(theirs) or theirs.startswith(mine):
+                    other = self.teams[j]
+                    raise FieldError(
+                        ("teams", i, "fsx", "s3_path"),
+                        f"{team.fsx.s3_path} overlaps team {other.name}'s export {other.fsx.s3_path} "
+                        f"(teams[{j}].fsx.s3_path): both file systems export the same run names there and "
+                        "would overwrite each other's checkpoints; give each team its own prefix",
+                    )
+            linked.append((i, mine))
