@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -16,12 +17,14 @@ from infra.teams.aws_rules import (
     team_name_problem,
 )
 from infra.teams.base import StrictModel
-from infra.teams.checkpoints import CheckpointConfig, sizing_inputs
+from infra.teams.chart_bounds import chart_bound_problem
+from infra.teams.checkpoints import CheckpointConfig, checkpoint_values, sizing_inputs
 from infra.teams.errors import FieldError
 from infra.teams.network import NetworkConfig
 from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
 from infra.teams.observability import ObservabilityConfig, alarm_topic_name
 from infra.teams.storage import FsxConfig
+from sizing import teamfile
 from sizing.model import SizingResult, size
 
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
@@ -120,8 +123,53 @@ class TeamConfig(StrictModel):
                 ("start_trainer",), "true needs deploy_trainer: true (the trainer is not deployed)"
             )
         self._check_quota()
+        self._check_chart_bounds()
         self._check_storage_sizing()
+        self._check_write_timeout_bound()
         return self
+
+    def _check_chart_bounds(self) -> None:
+        """Each chart value this team derives is within the chart's own schema bounds (values.schema.json),
+        so the chart never refuses at deploy what passed here; the error names the field the team wrote."""
+        ck = self.checkpoints
+        if ck.interval_steps is not None:
+            interval: tuple[float, tuple[str, ...], str] = (
+                ck.interval_steps,
+                ("checkpoints", "interval_steps"),
+                "",
+            )
+        else:
+            minutes = ck.interval_minutes or teamfile.DEFAULT_INTERVAL_MINUTES
+            written = "step_seconds" if "step_seconds" in ck.model_fields_set else "interval_minutes"
+            steps = minutes * 60 / ck.step_seconds  # what teamfile.interval_steps floors, if finite
+            interval = (
+                math.floor(steps) if math.isfinite(steps) else steps,
+                ("checkpoints", written),
+                f" (interval_minutes {minutes:g} / step_seconds {ck.step_seconds:g} as steps)",
+            )
+        group = self.gpu_node_group
+        derived = [
+            ("ckptInterval", *interval),
+            ("ckptKeep", ck.keep, ("checkpoints", "keep"), ""),
+            ("preset", ck.preset, ("checkpoints", "model"), ""),
+            ("nodes", group.desired_nodes, ("gpu_node_group", "desired_nodes"), ""),
+            ("spareNodes", group.spare_nodes, ("gpu_node_group", "spare_nodes"), ""),
+        ]
+        for chart_name, value, loc, how in derived:
+            if value is None:  # no preset: the team's own parameter count
+                continue
+            if problem := chart_bound_problem(chart_name, value):
+                raise FieldError(loc, problem + how)
+
+    def _check_write_timeout_bound(self) -> None:
+        """The ckptWriteTimeout derived from the sized write time is within the chart's bound too."""
+        timeout = checkpoint_values(self.checkpoints, self.storage_sizing.write_s)["ckptWriteTimeout"]
+        if problem := chart_bound_problem("ckptWriteTimeout", timeout):
+            raise FieldError(
+                ("checkpoints",),
+                f"team {self.name}: twice the sized checkpoint write time gives ckptWriteTimeout "
+                f"{timeout} s: {problem}; give fsx more throughput or checkpoint a smaller model",
+            )
 
     def _check_storage_sizing(self) -> None:
         """FSx must write one checkpoint within the interval and hold `keep` of them (sizing package)."""

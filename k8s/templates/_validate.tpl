@@ -170,6 +170,25 @@ unquoted y, yes, on (n, no, off) key arrives as "true" ("false"), and two of the
 {{- if and (gt $metrics 0) (le $rdzv $metrics) (le $metrics (add $rdzv 2 | int)) }}
 {{- fail (printf "metricsPort: %d is taken by the rendezvous store (rdzvPort %d) or the trainer's stores (rdzvPort+1, +2)" $metrics $rdzv) }}
 {{- end }}
+{{- /* Sizes of memory parsed as Kubernetes does (trainer.quantityValue): a suffix m is milli, so 512m
+     is half a byte, and a 0 shmSize leaves NCCL and the snapshots no /dev/shm. Under 1Mi is no one's
+     intent; refused here instead of at the trainer's start or as an OOM kill. */}}
+{{- $memories := list (list "memoryRequest" $v.memoryRequest) (list "shmSize" $v.shmSize) (list "scratchSize" $v.scratchSize)
+      (list "helperResources.requests.memory" $v.helperResources.requests.memory)
+      (list "helperResources.limits.memory" $v.helperResources.limits.memory) }}
+{{- if $v.memoryLimit }}{{ $memories = append $memories (list "memoryLimit" $v.memoryLimit) }}{{ end }}
+{{- if $v.hugepages2Mi }}{{ $memories = append $memories (list "hugepages2Mi" $v.hugepages2Mi) }}{{ end }}
+{{- range $memories }}
+{{- $bytes := include "trainer.quantityValue" . | float64 }}
+{{- if lt $bytes 1048576.0 }}
+{{- fail (printf "%s: %q is %v bytes, under 1Mi (the suffix m is milli: 512m is half a byte; write Mi or Gi)" (index . 0) (index . 1) $bytes) }}
+{{- end }}
+{{- end }}
+{{- range (list (list "cpuRequest" $v.cpuRequest) (list "helperResources.requests.cpu" $v.helperResources.requests.cpu) (list "helperResources.limits.cpu" $v.helperResources.limits.cpu)) }}
+{{- if not (gt (include "trainer.quantityValue" . | float64) 0.0) }}
+{{- fail (printf "%s: %q is no CPU; give at least 1m" (index . 0) (index . 1)) }}
+{{- end }}
+{{- end }}
 {{- if $v.memoryLimit }}
 {{- $request := include "trainer.quantityValue" (list "memoryRequest" $v.memoryRequest) | float64 }}
 {{- $limit := include "trainer.quantityValue" (list "memoryLimit" $v.memoryLimit) | float64 }}

@@ -2,7 +2,8 @@
 `helm template` in one line naming the value (the schema's `at '/path'` or a template message starting
 with the value's name), or rendered exactly as written. Few renders per property (~0.3 s each).
 
-Classes here: keys Helm reads as YAML 1.1 booleans in maps of labels, annotations, selectors and env.
+Classes here: keys Helm reads as YAML 1.1 booleans in maps of labels, annotations, selectors and env;
+Kubernetes quantities that parse (by Kubernetes' own rules) to an absurd size (memory under 1Mi, no CPU).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes.utils.quantity import parse_quantity
 
 from tests.chart.helm import template_result
 
@@ -80,3 +82,33 @@ def test_quoted_boolean_words_as_keys_render_as_written() -> None:
     assert result.returncode == 0, result.stderr
     assert "yes: a" in result.stdout or '"yes": a' in result.stdout
     assert 'name: "Y"' in result.stdout
+
+
+# ---- quantities ----------------------------------------------------------------------------------------
+
+MEBIBYTE = 1 << 20
+quantities = st.tuples(
+    st.sampled_from(["0", "1", "512", "1023", "1024", "2", "0.5", "1.5", "64"]),
+    st.sampled_from(["", "m", "k", "Ki", "M", "Mi", "G", "Gi"]),
+).map("".join)
+MEMORY_VALUES = ["memoryRequest", "shmSize", "scratchSize", "memoryLimit"]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(MEMORY_VALUES), quantity=quantities)
+def test_memory_size_under_a_mebibyte_is_refused_as_kubernetes_parses_it(name: str, quantity: str) -> None:
+    values: dict[str, Any] = {name: quantity}
+    if name == "memoryLimit":  # the limit must cover the request and /dev/shm
+        values |= {"memoryRequest": "1Mi", "shmSize": "1Mi"}
+    result = template_result(values)
+    if parse_quantity(quantity) < MEBIBYTE:
+        err = one_line_naming(result, name)
+        assert "under 1Mi" in err or "does not match pattern" in err, err  # the schema takes no m for limits
+    else:
+        assert result.returncode == 0, result.stderr
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=list(HealthCheck))
+@given(quantity=st.sampled_from(["0", "0m", "0.0", "0k"]))
+def test_cpu_request_of_zero_is_refused(quantity: str) -> None:
+    one_line_naming(template_result({"cpuRequest": quantity}), "cpuRequest")

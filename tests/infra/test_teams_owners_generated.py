@@ -3,12 +3,15 @@ members of each class, refused in one line naming the field as written (and, for
 or accepted.
 
 Classes here: team names Kubernetes or the blueprint's add-ons own as namespaces; names AWS keeps one of
-per account and region (stacks, alarm topics) and S3 export prefixes two teams could share.
+per account and region (stacks, alarm topics) and S3 export prefixes two teams could share; chart values
+the team derives (checked against k8s/values.schema.json, then rendered by helm); AWS limits (EKS public
+CIDRs, S3 key bytes, FSx association paths).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
 from typing import Any
 
@@ -22,6 +25,14 @@ import infra.collectors
 from infra.addons import PinnedChart
 from infra.config import TeamsConfigError, parse_teams
 from infra.namespaces import ADDON_NAMESPACES, KUBERNETES_NAMESPACES
+from infra.teams.aws_rules import (
+    EXPORT_PATH_ROOM,
+    MAX_FSX_FILE_SYSTEM_PATH,
+    MAX_PUBLIC_ACCESS_CIDRS,
+    MAX_S3_KEY_BYTES,
+)
+from infra.teams.chart_bounds import chart_bound_problem, chart_property
+from tests.chart.helm import template_result
 from tests.helpers import REPO_ROOT
 
 BASE = yaml.safe_load((REPO_ROOT / "teams.yaml").read_text(encoding="utf-8"))
@@ -167,3 +178,127 @@ def test_issue_examples(edit: Any, field: str) -> None:
     edit(data)
     result = outcome(data)
     assert isinstance(result, str) and result.startswith(field + ": "), result
+
+
+# ---- one bound per value, from the layer that consumes it ----------------------------------------------
+
+
+def _chart_values(team: Any) -> dict[str, Any]:
+    """The chart values a validated team derives (what infra/trainer_release.py passes, CDK-free)."""
+    from infra.teams.checkpoints import checkpoint_values
+
+    return {
+        "nodes": team.gpu_node_group.desired_nodes,
+        "spareNodes": team.gpu_node_group.spare_nodes,
+        **checkpoint_values(team.checkpoints, team.storage_sizing.write_s),
+    }
+
+
+CHART_MAX = {
+    name: chart_property(name)["maximum"] for name in ("ckptInterval", "ckptKeep", "ckptWriteTimeout")
+}
+cadences = st.one_of(
+    st.fixed_dictionaries(
+        {"interval_steps": st.one_of(st.integers(1, 10**6), st.integers(10**11, 2**63 - 1))}
+    ),
+    st.fixed_dictionaries(
+        {
+            "interval_minutes": st.floats(0.5, 7 * 24 * 60),
+            "step_seconds": st.one_of(
+                st.floats(1e-300, 1e-3), st.floats(0.01, 3600), st.sampled_from([5e-324, 1e-300, 1e-9])
+            ),
+        }
+    ),
+)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(cadence=cadences)
+def test_what_the_teams_check_passes_the_chart_accepts(cadence: dict[str, Any]) -> None:
+    """Checked against the chart's bounds at the teams layer: a cadence is refused there naming the field
+    the team wrote, or the chart renders the values derived from it (never refused at deploy)."""
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["checkpoints"] = cadence
+    result = outcome(data)
+    if isinstance(result, str):
+        field = "interval_steps" if "interval_steps" in cadence else "step_seconds"
+        assert result.startswith(f"teams[0].checkpoints.{field}: ") or result.startswith(
+            "teams[0].checkpoints: "
+        ), result
+        if "ckptInterval" in result:
+            steps = (
+                cadence.get("interval_steps") or cadence["interval_minutes"] * 60 / cadence["step_seconds"]
+            )
+            assert steps > CHART_MAX["ckptInterval"], result
+        return
+    values = _chart_values(result[0])
+    rendered = template_result({**values, "gpusPerNode": 8, "instanceType": "p5.48xlarge"})
+    assert rendered.returncode == 0, (values, rendered.stderr)
+
+
+@pytest.mark.parametrize(
+    ("cadence", "field"),
+    [
+        ({"interval_steps": 9223372036854775807}, "teams[0].checkpoints.interval_steps"),
+        ({"step_seconds": 1.0e-300}, "teams[0].checkpoints.step_seconds"),
+        ({"interval_steps": CHART_MAX["ckptInterval"] + 1}, "teams[0].checkpoints.interval_steps"),
+    ],
+)
+def test_chart_bound_examples_are_refused_at_the_teams_layer(cadence: dict[str, Any], field: str) -> None:
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["checkpoints"] = cadence
+    result = outcome(data)
+    assert isinstance(result, str) and result.startswith(field + ": ") and "chart" in result, result
+
+
+def test_chart_bounds_are_read_from_the_schema_file() -> None:
+    """The bound moves with values.schema.json: no copy of it lives in infra."""
+    schema = json.loads((REPO_ROOT / "k8s" / "values.schema.json").read_text(encoding="utf-8"))
+    assert chart_property("ckptInterval")["maximum"] == schema["properties"]["ckptInterval"]["maximum"]
+    assert chart_bound_problem("ckptInterval", schema["properties"]["ckptInterval"]["maximum"]) is None
+    assert chart_bound_problem("ckptInterval", schema["properties"]["ckptInterval"]["maximum"] + 1)
+    assert chart_bound_problem("preset", "9b") and chart_bound_problem("preset", "8b") is None
+
+
+@FAST
+@given(count=st.integers(1, 60))
+def test_public_cidrs_past_the_eks_quota_are_refused(count: int) -> None:
+    data = copy.deepcopy(BASE)
+    data["teams"][1]["endpoint_public_cidrs"] = [f"203.0.{i // 250}.{i % 250}/32" for i in range(count)]
+    result = outcome(data)
+    if count > MAX_PUBLIC_ACCESS_CIDRS:
+        assert isinstance(result, str) and result.startswith("teams[1].endpoint_public_cidrs: "), result
+        assert str(MAX_PUBLIC_ACCESS_CIDRS) in result
+    else:
+        assert not isinstance(result, str), result
+
+
+@FAST
+@given(
+    segment=st.sampled_from(["a", "é", "数"]),  # 1, 2 and 3 bytes in UTF-8
+    length=st.integers(200, 400),
+    depth=st.integers(1, 4),
+)
+def test_s3_prefix_past_the_key_limit_is_refused(segment: str, length: int, depth: int) -> None:
+    prefix = "/".join([segment * (length // depth)] * depth)
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["fsx"]["s3_path"] = f"s3://ml-research-checkpoints-111111111111/{prefix}"
+    result = outcome(data)
+    if len(prefix.encode("utf-8")) > MAX_S3_KEY_BYTES - EXPORT_PATH_ROOM:
+        assert isinstance(result, str) and result.startswith("teams[0].fsx.s3_path: "), result
+        assert "bytes" in result
+    else:
+        assert not isinstance(result, str), result
+
+
+@pytest.mark.parametrize("length", [MAX_FSX_FILE_SYSTEM_PATH - 1, MAX_FSX_FILE_SYSTEM_PATH + 1])
+def test_fsx_path_past_the_association_limit_is_refused(length: int) -> None:
+    path = "/" + "/".join(["d" * 99] * (length // 100)) + "/" + "e" * (length - 1 - 100 * (length // 100))
+    path = path.rstrip("/")[:length]
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["fsx"]["s3_file_system_path"] = path
+    result = outcome(data)
+    if len(path) > MAX_FSX_FILE_SYSTEM_PATH:
+        assert isinstance(result, str) and result.startswith("teams[0].fsx.s3_file_system_path: "), result
+    else:
+        assert not isinstance(result, str), result
