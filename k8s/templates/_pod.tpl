@@ -270,10 +270,8 @@ spec:
     {{- include "trainer.podSecurityContext" . | nindent 4 }}
   nodeSelector:
     {{- include "trainer.nodeSelector" . | nindent 4 }}
-  {{- with $v.tolerations }}
   tolerations:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- include "trainer.tolerations" . | nindent 4 }}
   {{- with $v.affinity }}
   affinity:
     {{- toYaml . | nindent 4 }}
