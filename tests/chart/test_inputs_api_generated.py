@@ -11,6 +11,7 @@ the API server's own field rules written out below.
 
 from __future__ import annotations
 
+import functools
 import re
 import tempfile
 from typing import Any
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes.utils.quantity import parse_quantity
 
-from tests.chart.helm import render, template_result, workload_pod_spec
+from tests.chart.helm import CHART, env_of, render, template_result, trainer_container, workload_pod_spec
 
 RENDERS = settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -320,3 +321,82 @@ def test_issue_examples_refused() -> None:
     assert {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
+
+
+# ---- nothing the chart checked can be overridden -------------------------------------------------------
+
+VALUES_YAML = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _chart_flags() -> list[str]:
+    """The trainer flags a default render sets (after `-m trainer`), without -- and values."""
+    container = trainer_container(render({}))
+    args = container["args"]
+    after = args[args.index("trainer", args.index("-m")) + 1 :]
+    return sorted({a[2:].split("=", 1)[0] for a in after if a.startswith("--") and a != "--"})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    flag=st.deferred(lambda: st.sampled_from(_chart_flags())),
+    form=st.sampled_from(["--{}=1", "--{}", "--no-{}", "--{}=$(NNODES)"]),
+    cut=st.integers(0, 3),
+)
+def test_extra_trainer_args_repeating_a_chart_flag_are_refused_naming_the_value(
+    flag: str, form: str, cut: int
+) -> None:
+    base = flag.removeprefix("no-")
+    written = base[: max(2, len(base) - cut)] if cut and len(base) > 4 else base
+    arg = form.format(written)
+    err = one_line_naming(
+        template_result({"extraTrainerArgs": ["--snapshot-dir=/dev/shm/s", arg]}), "extraTrainerArgs"
+    )
+    named = re.search(r"from the value (\S+?)[;, ]", err)
+    assert named, err
+    value = named.group(1)
+    # the value the message points to is one a user can set (a key of values.yaml, or its first part)
+    assert value.split(".")[0] in VALUES_YAML, (value, err)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(codes=st.sets(st.sampled_from([1, 2, 3, 93, 126, 137, 143, 255]), max_size=5).map(sorted))
+def test_fail_job_exit_codes_always_keep_2_and_93(codes: list[int]) -> None:
+    result = template_result({"failJobExitCodes": codes})
+    if {2, 93} <= set(codes):
+        assert result.returncode == 0, result.stderr
+        job = next(d for d in yaml.safe_load_all(result.stdout) if d and d["kind"] == "Job")
+        rule = next(r for r in job["spec"]["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+        assert rule["onExitCodes"]["values"] == codes
+    else:
+        one_line_naming(result, "failJobExitCodes")
+
+
+dollar_strings = st.lists(
+    st.sampled_from(["$(NNODES)", "$$", "$", "$(", "cost ", "$(HOME)x", "$$(A)", "a", ")"]),
+    min_size=1,
+    max_size=6,
+).map("".join)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(value=dollar_strings, arg=dollar_strings)
+def test_user_strings_reach_env_and_command_exactly_as_written(value: str, arg: str) -> None:
+    """What the kubelet makes of the rendered env value and argument (it expands $(VAR), reads $$ as $)
+    is the string the user wrote."""
+    from tools.podspec import expand
+
+    container = trainer_container(
+        render({"extraEnv": {"TEAM_NOTE": value}, "extraTrainerArgs": [f"--snapshot-dir=/dev/shm/{arg}"]})
+    )
+    env = env_of(container)
+    assert expand(env["TEAM_NOTE"], env) == value
+    (rendered,) = [a for a in container["args"] if a.startswith("--snapshot-dir=")]
+    assert expand(rendered, env) == f"--snapshot-dir=/dev/shm/{arg}"
+
+
+def test_issue_examples_of_overrides_refused() -> None:
+    one_line_naming(template_result({"extraTrainerArgs": ["--steps=5"]}), "extraTrainerArgs")
+    one_line_naming(template_result({"failJobExitCodes": [137, 143]}), "failJobExitCodes")
+    env = env_of(trainer_container(render({"extraEnv": {"NOTE": "cost $(NNODES) nodes"}})))
+    assert env["NOTE"] == "cost $$(NNODES) nodes"
