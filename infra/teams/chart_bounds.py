@@ -1,4 +1,4 @@
-"""The trainer chart's own bounds on the values a team's config derives for it, read from
+"""The trainer chart's own bounds (and defaults) on the values a team's config derives for it, read from
 k8s/values.schema.json (not copied), so a value the teams check passes is never refused by the chart at
 deploy time, after the stack has been built.
 
@@ -14,13 +14,26 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "k8s" / "values.schema.json"
+VALUES_FILE = SCHEMA_FILE.with_name("values.yaml")
 _UNDERSTOOD = {"type", "minimum", "maximum", "exclusiveMinimum", "enum", "description"}
 
 
 @functools.cache
 def _schema() -> dict[str, Any]:
     return dict(json.loads(SCHEMA_FILE.read_text(encoding="utf-8")))
+
+
+@functools.cache
+def _values() -> dict[str, Any]:
+    return dict(yaml.safe_load(VALUES_FILE.read_text(encoding="utf-8")))
+
+
+def chart_default(name: str) -> Any:
+    """The chart's default of top-level value `name` (k8s/values.yaml), for values infra leaves to it."""
+    return _values()[name]
 
 
 def chart_property(name: str) -> dict[str, Any]:

@@ -126,7 +126,32 @@ class TeamConfig(StrictModel):
         self._check_chart_bounds()
         self._check_storage_sizing()
         self._check_write_timeout_bound()
+        self._check_checkpoint_age_alarm()
         return self
+
+    def _check_checkpoint_age_alarm(self) -> None:
+        """The newest checkpoint grows as old as the interval plus the write before the next one commits;
+        an alarm threshold at or below that fires on every healthy run."""
+        sizing = self.storage_sizing
+        cadence_s = sizing.inputs.interval_s + sizing.write_s
+        limit = self.observability.alarms.max_checkpoint_age_minutes
+        if cadence_s < limit * 60:
+            return
+        ck = self.checkpoints
+        written = [
+            f for f in ("interval_steps", "interval_minutes", "step_seconds") if f in ck.model_fields_set
+        ]
+        loc: tuple[str, ...] = (
+            ("checkpoints", written[0])
+            if written
+            else ("observability", "alarms", "max_checkpoint_age_minutes")
+        )
+        raise FieldError(
+            loc,
+            f"checkpoints every {sizing.inputs.interval_s / 60:g} min plus a {sizing.write_s / 60:.1f} min "
+            f"write reach observability.alarms.max_checkpoint_age_minutes ({limit}) on every healthy run, so "
+            "the alarm always fires; checkpoint more often or raise max_checkpoint_age_minutes",
+        )
 
     def _check_chart_bounds(self) -> None:
         """Each chart value this team derives is within the chart's own schema bounds (values.schema.json),

@@ -219,6 +219,8 @@ def test_what_the_teams_check_passes_the_chart_accepts(cadence: dict[str, Any]) 
     the team wrote, or the chart renders the values derived from it (never refused at deploy)."""
     data = copy.deepcopy(BASE)
     data["teams"][0]["checkpoints"] = cadence
+    # no checkpoint-age alarm in reach: only the chart's bounds and the sizing decide here
+    data["teams"][0]["observability"] = {"alarms": {"max_checkpoint_age_minutes": 10080}}
     result = outcome(data)
     if isinstance(result, str):
         field = "interval_steps" if "interval_steps" in cadence else "step_seconds"
@@ -300,5 +302,78 @@ def test_fsx_path_past_the_association_limit_is_refused(length: int) -> None:
     result = outcome(data)
     if len(path) > MAX_FSX_FILE_SYSTEM_PATH:
         assert isinstance(result, str) and result.startswith("teams[0].fsx.s3_file_system_path: "), result
+    else:
+        assert not isinstance(result, str), result
+
+
+# ---- settings one of which makes the other dead or unmeetable ------------------------------------------
+
+CHART_LINGER = yaml.safe_load((REPO_ROOT / "k8s" / "values.yaml").read_text(encoding="utf-8"))[
+    "metricsLinger"
+]
+
+
+@FAST
+@given(scrape=st.integers(10, 300))
+def test_scrape_interval_not_shorter_than_the_charts_linger_is_refused_naming_both(scrape: int) -> None:
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["observability"] = {"scrape_interval_s": scrape}
+    result = outcome(data)
+    if scrape >= CHART_LINGER:
+        assert isinstance(result, str), result
+        assert result.startswith("teams[0].observability.scrape_interval_s: ") and "metricsLinger" in result
+    else:
+        assert not isinstance(result, str), result
+
+
+@pytest.mark.parametrize("collector", ["cloudwatch", "prometheus"])
+@pytest.mark.parametrize("version", [None, "v4.1.0-eksbuild.1"])
+def test_addon_version_with_the_prometheus_collector_is_refused_naming_both(
+    collector: str, version: str | None
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["observability"] = _without_none_dict(
+        {"collector": collector, "cloudwatch_addon_version": version}
+    )
+    result = outcome(data)
+    if collector == "prometheus" and version:
+        assert isinstance(result, str), result
+        assert result.startswith("teams[0].observability.cloudwatch_addon_version: ")
+        assert "collector: prometheus" in result
+    else:
+        assert not isinstance(result, str), result
+
+
+def _without_none_dict(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    cadence=st.one_of(
+        st.builds(lambda m: {"interval_minutes": m}, st.floats(5, 300).map(lambda x: round(x, 1))),
+        st.builds(lambda n: {"interval_steps": n}, st.integers(100, 9000)),
+    ),
+    max_age=st.one_of(st.none(), st.integers(10, 400)),
+)
+def test_checkpoint_interval_the_age_alarm_always_catches_is_refused_naming_both(
+    cadence: dict[str, Any], max_age: int | None
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["teams"][0]["checkpoints"] = cadence
+    data["teams"][0]["observability"] = {"alarms": {"max_checkpoint_age_minutes": 10080}}
+    relaxed = outcome(data)
+    if isinstance(relaxed, str):  # the file system cannot carry this cadence at all (sizing's refusal)
+        return
+    sizing = relaxed[0].storage_sizing
+    reached_s = sizing.inputs.interval_s + sizing.write_s  # the newest checkpoint's age before the next
+    alarms = {} if max_age is None else {"max_checkpoint_age_minutes": max_age}
+    data["teams"][0]["observability"] = {"alarms": alarms}
+    limit = 90 if max_age is None else max_age  # the teams file's default
+    result = outcome(data)
+    if reached_s >= limit * 60:
+        assert isinstance(result, str), result
+        assert result.startswith(f"teams[0].checkpoints.{next(iter(cadence))}: "), result
+        assert "max_checkpoint_age_minutes" in result
     else:
         assert not isinstance(result, str), result
