@@ -69,6 +69,12 @@ def base_args(data: Path, out: Path) -> list[str]:
     ]
 
 
+def overriding(base: list[str], extra: list[str]) -> list[str]:
+    """`base` with `extra` in place of the flags it repeats (the parser refuses a flag given twice)."""
+    given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
+    return [*(a for a in base if a.split("=", 1)[0] not in given), *extra]
+
+
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     from trainer.__main__ import main
 
@@ -389,7 +395,8 @@ def test_bad_flag_or_place_fails_check_config_in_one_line(
     case = cases[index]
     for name, value in case.env.items():
         clean_env.setenv(name, value)
-    status, err = run_main([*base_args(good_tokens, tmp_path / "out"), *case.extra, "--check-config"], capsys)
+    argv = overriding(base_args(good_tokens, tmp_path / "out"), case.extra)
+    status, err = run_main([*argv, "--check-config"], capsys)
     assert status == 2, case.name
     assert_one_line(err, case.field, case.text)
     assert not (tmp_path / "out").exists(), "--check-config created the output directory"
