@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port
+from tests.trainer._jobs import overriding
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -67,12 +68,6 @@ def base_args(data: Path, out: Path) -> list[str]:
         "--steps=10",
         "--device=cpu",
     ]
-
-
-def overriding(base: list[str], extra: list[str]) -> list[str]:
-    """`base` with `extra` in place of the flags it repeats (the parser refuses a flag given twice)."""
-    given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
-    return [*(a for a in base if a.split("=", 1)[0] not in given), *extra]
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
