@@ -168,7 +168,7 @@ class TeamConfig(StrictModel):
             written = "step_seconds" if "step_seconds" in ck.model_fields_set else "interval_minutes"
             steps = minutes * 60 / ck.step_seconds  # what teamfile.interval_steps floors, if finite
             interval = (
-                math.floor(steps) if math.isfinite(steps) else steps,
+                max(1, math.floor(steps)) if math.isfinite(steps) else steps,  # as teamfile.interval_steps
                 ("checkpoints", written),
                 f" (interval_minutes {minutes:g} / step_seconds {ck.step_seconds:g} as steps)",
             )

@@ -131,7 +131,10 @@ def test_a_slow_reload_is_a_warning_line(tmp_path: Path) -> None:
         ({"model": "8b", "parameters": 10}, "teams[0].checkpoints.parameters: give model"),
         ({"model": "405b"}, "teams[0].checkpoints.model: Input should be"),
         ({"keep": "3"}, "teams[0].checkpoints.keep: must be an integer, got '3'"),
-        ({"step_seconds": 0}, "teams[0].checkpoints.step_seconds: Input should be greater than 0"),
+        (
+            {"step_seconds": 0},
+            "teams[0].checkpoints.step_seconds: Input should be greater than or equal to 0.001",
+        ),
         ({"cadence": 1}, "teams[0].checkpoints.cadence: unknown key"),
     ],
 )

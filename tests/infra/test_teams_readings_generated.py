@@ -4,24 +4,29 @@ exactly as written.
 
 Classes here: scalars YAML 1.1 and YAML 1.2 read differently (leading zeros, sexagesimal, underscores,
 0b/0o prefixes, exponents without a dot, y/n/yes/no/on/off, dates), as keys or values at any depth;
-characters YAML does not allow (NUL and C0 controls); numbers that are not finite (.inf, .nan).
+characters YAML does not allow (NUL and C0 controls); numbers that are not finite (.inf, .nan); any
+number in any numeric field, refused (if at all) naming the field as the teams file spells it.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from infra.config import TeamsConfigError, parse_teams
 from infra.teams.__main__ import main as validate
 from infra.yaml_readings import core_reading, reading_problem, yaml11_reading
 from tests.helpers import REPO_ROOT
 
 BASE_TEXT = (REPO_ROOT / "teams.yaml").read_text(encoding="utf-8")
+BASE = yaml.safe_load(BASE_TEXT)
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -177,3 +182,70 @@ def test_every_reading_of_the_example_file_is_unambiguous() -> None:
     for event in yaml.parse(BASE_TEXT):
         if isinstance(event, yaml.ScalarEvent) and not event.style:
             assert reading_problem(event.value) is None, event.value
+
+
+# ---- errors name the field as written, whatever the number -------------------------------------------
+
+# (where the field sits in a team, its name, whether an integer): every number a user writes.
+NUMBER_FIELDS = [
+    (("checkpoints",), "parameters", True),
+    (("checkpoints",), "interval_minutes", False),
+    (("checkpoints",), "interval_steps", True),
+    (("checkpoints",), "step_seconds", False),
+    (("checkpoints",), "keep", True),
+    (("checkpoints",), "reload_budget_minutes", False),
+    (("checkpoints",), "node_mbps", False),
+    (("gpu_node_group",), "desired_nodes", True),
+    (("gpu_node_group",), "spare_nodes", True),
+    (("gpu_node_group",), "root_volume_gib", True),
+    (("fsx",), "storage_gib", True),
+    ((), "gpu_quota", True),
+    (("observability",), "scrape_interval_s", True),
+    (("observability", "alarms"), "max_checkpoint_age_minutes", True),
+    (("observability", "alarms"), "min_goodput_last_hour", False),
+]
+INTERNAL_NAMES = re.compile(r"\b(reload_budget_s|interval_s|step_s|checkpoint_bytes|nodes_mbps|write_s)\b")
+EXTREME_FLOATS = [5e-324, 1e-300, 1e-9, 1e-3, -0.0, 0.5, 1.0, 3599.999, 1e15, 1e308, -1e308]
+EXTREME_INTS = [-(2**63), -1, 0, 1, 2, 450, 10**6, 10**12 + 1, 2**53 + 1, 2**63 - 1]
+
+
+def _one_team_with(where: tuple[str, ...], name: str, value: Any) -> dict[str, Any]:
+    team = copy.deepcopy(BASE["teams"][0])
+    node = team
+    for part in where:
+        node = node.setdefault(part, {})
+    node[name] = value
+    return {"teams": [team]}
+
+
+def _accepted_or_named(data: dict[str, Any]) -> None:
+    """Accepted, or refused in one line naming a field as the teams file spells it; anything else (an
+    overflow's traceback) fails the test."""
+    try:
+        parse_teams(data)
+    except TeamsConfigError as exc:
+        line = str(exc)
+        assert "\n" not in line and re.match(r"teams\[0\](\.[a-z_]+)*: ", line), line
+        assert not INTERNAL_NAMES.search(line.replace("scrape_interval_s", "")), line
+
+
+@pytest.mark.parametrize(("where", "name", "integer"), NUMBER_FIELDS)
+def test_extreme_numbers_are_accepted_or_refused_naming_the_field_as_written(
+    where: tuple[str, ...], name: str, integer: bool
+) -> None:
+    """No number reaches a traceback (an overflow in the sizing) or a message naming the sizing model's
+    own fields (reload_budget_s)."""
+    for value in EXTREME_INTS if integer else EXTREME_FLOATS:
+        _accepted_or_named(_one_team_with(where, name, value))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(field=st.sampled_from(NUMBER_FIELDS), data=st.data())
+def test_any_number_is_accepted_or_refused_naming_the_field_as_written(
+    field: Any, data: st.DataObject
+) -> None:
+    where, name, integer = field
+    value = data.draw(
+        st.integers(-(2**63), 2**63 - 1) if integer else st.floats(allow_nan=False, allow_infinity=False)
+    )
+    _accepted_or_named(_one_team_with(where, name, value))
