@@ -249,3 +249,27 @@ def test_any_number_is_accepted_or_refused_naming_the_field_as_written(
         st.integers(-(2**63), 2**63 - 1) if integer else st.floats(allow_nan=False, allow_infinity=False)
     )
     _accepted_or_named(_one_team_with(where, name, value))
+
+
+@pytest.mark.parametrize("directive", ["", "%YAML 1.2\n---\n"])
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        (
+            "desired_nodes: 2\n      spare",
+            "desired_nodes: 010\n      spare",
+            "teams[0].gpu_node_group.desired_nodes",
+        ),
+        (
+            "max_nodes: 4\n      capacity",
+            "max_nodes: 1:30\n      capacity",
+            "teams[0].gpu_node_group.max_nodes",
+        ),
+        ("gpu_quota: 32", "gpu_quota: 020", "teams[0].gpu_quota"),
+    ],
+)
+def test_issue_examples_refused_whatever_the_yaml_directive(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], directive: str, old: str, new: str, field: str
+) -> None:
+    status, err = run_validate(tmp_path, directive + BASE_TEXT.replace(old, new, 1), capsys)
+    assert "YAML 1.1" in one_error(status, err, field)
