@@ -152,10 +152,10 @@ def load_teams(path: str | Path) -> list[TeamConfig]:
     try:
         return parse_teams(data, str(path))
     except TeamsConfigError as exc:
-        line = line_of(text, exc.loc) if exc.loc else None
-        if line is None:
+        field_line = line_of(text, exc.loc) if exc.loc else None
+        if field_line is None:
             raise
-        raise TeamsConfigError(f"{exc} (line {line})", exc.loc) from None
+        raise TeamsConfigError(f"{exc} (line {field_line})", exc.loc) from None
 
 
 def select_team(teams: list[TeamConfig], name: str | None) -> list[TeamConfig]:
