@@ -197,6 +197,11 @@ NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors 
 {{- include "trainer.requireKeys" (list "podAnnotations" $v.podAnnotations $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "podMonitor.labels" (default dict $v.podMonitor.labels) $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "rendezvous.nodeSelector" $v.rendezvous.nodeSelector $qualifiedName $keyKind) }}
+{{- range $sel := list "metricsNamespaceSelector" "metricsPodSelector" }}
+{{- $selector := get $v.networkPolicy $sel | default dict }}
+{{- include "trainer.requireKeys" (list (printf "networkPolicy.%s.matchLabels" $sel) ($selector.matchLabels | default dict) $qualifiedName $keyKind) }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "networkPolicy.%s.matchExpressions" $sel) ($selector.matchExpressions | default list)) }}
+{{- end }}
 {{- include "trainer.requireTolerations" (list "tolerations" $v.tolerations $qualifiedName) }}
 {{- include "trainer.requireTolerations" (list "rendezvous.tolerations" $v.rendezvous.tolerations $qualifiedName) }}
 {{- include "trainer.requireAffinity" $v.affinity }}

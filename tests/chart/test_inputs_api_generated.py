@@ -73,6 +73,10 @@ KEY_MAPS = [
     ("extraEnv", 'extraEnv:\n  {key}: "1"\n'),
     ("podMonitor.labels", "podMonitor:\n  labels:\n    {key}: a\n"),
     ("rendezvous.nodeSelector", "rendezvous:\n  nodeSelector:\n    {key}: a\n"),
+    (
+        "networkPolicy.metricsPodSelector.matchLabels",
+        "networkPolicy:\n  enabled: true\n  metricsPodSelector:\n    matchLabels:\n      {key}: a\n",
+    ),
 ]
 
 
