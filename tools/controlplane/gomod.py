@@ -13,6 +13,7 @@ never written by hand.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -62,7 +63,12 @@ def render(go_mod: str, kubernetes_go_mod: str, version: str) -> str:
 
 
 def module_cache() -> Path:
-    out = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True)
+    """Go's module cache: `go env GOMODCACHE`, or Go's default when no Go is installed."""
+    try:
+        out = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        gopath = os.environ.get("GOPATH", "").split(os.pathsep)[0] or str(Path.home() / "go")
+        return Path(os.environ.get("GOMODCACHE") or Path(gopath) / "pkg" / "mod")
     return Path(out.stdout.strip())
 
 
