@@ -18,6 +18,8 @@ from tests.helpers import HELM, REPO_ROOT
 from tools.controlplane.launch import ControlPlane
 
 KUBECTL = REPO_ROOT / ".tools" / "bin" / "kubectl"
+PODMONITOR_CRD = REPO_ROOT / ".tools" / "controlplane" / "crds" / "podmonitors.yaml"
+"""prometheus-operator's PodMonitor CRD (`make controlplane` fetches it): on EKS, kube-prometheus-stack's."""
 CHART = REPO_ROOT / "k8s"
 ADDON_NAMESPACES = ("amazon-cloudwatch",)
 """Namespaces an EKS add-on creates (the CloudWatch observability add-on), not infra's manifests; made

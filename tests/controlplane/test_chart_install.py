@@ -20,6 +20,7 @@ import yaml
 from tests.controlplane.chart import (
     ADDON_NAMESPACES,
     CHART,
+    PODMONITOR_CRD,
     TeamRelease,
     default_team_release,
     helm,
@@ -28,6 +29,7 @@ from tests.controlplane.chart import (
     values_file,
 )
 from tests.controlplane.helpers import eventually
+from tests.helpers import require_tool
 from tools.controlplane.launch import ControlPlane
 from tools.smoke_plan import SmokePlan, smoke_values
 
@@ -270,6 +272,53 @@ def test_the_cluster_smoke_release_is_accepted(
         assert lost == {}
     finally:
         helm(control_plane, "uninstall", "smoke", "-n", ns)
+
+
+def test_a_prometheus_team_release_and_its_podmonitor_are_stored_exactly_as_sent(
+    control_plane: ControlPlane, installed: TeamRelease, folder: Path
+) -> None:
+    """What differs for a team with the Prometheus collector (Contract 1: podMonitor.enabled, the metrics
+    namespace), with prometheus-operator's PodMonitor CRD: its structural schema prunes any field it does
+    not define, which the comparison would catch."""
+    crd = require_tool(PODMONITOR_CRD, "the PodMonitor CRD")
+    created = kubectl(control_plane, "create", "-f", str(crd))
+    assert created.returncode == 0 or "AlreadyExists" in created.stderr, created.stderr
+    established = kubectl(
+        control_plane,
+        "wait",
+        "--for=condition=Established",
+        "crd/podmonitors.monitoring.coreos.com",
+        "--timeout=60s",
+    )
+    assert established.returncode == 0, established.stderr
+    ns = "prometheus-team"
+    values = {
+        **installed.values,
+        "podMonitor": {**installed.values["podMonitor"], "enabled": True},
+        "networkPolicy": {**installed.values["networkPolicy"], "metricsNamespace": "monitoring"},
+    }
+    install = helm(
+        control_plane,
+        "install",
+        "metrics",
+        str(CHART),
+        "-n",
+        ns,
+        "--create-namespace",
+        "-f",
+        str(values_file(folder, "prometheus-team", values)),
+    )
+    assert install.returncode == 0, install.stderr
+    try:
+        sent = _release_objects(control_plane, "metrics", ns)
+        assert "PodMonitor" in {o["kind"] for o in sent}
+        lost = {
+            o["metadata"]["name"]: p for o in sent if (p := lost_fields(o, _stored(control_plane, o, ns)))
+        }
+        assert lost == {}
+    finally:
+        helm(control_plane, "uninstall", "metrics", "-n", ns)
+        kubectl(control_plane, "delete", "namespace", ns, "--wait=false")
 
 
 # Values that render and that only an install could refuse, with what the refusal must name.
