@@ -5,13 +5,18 @@ Indexed Job's pods, a namespace's deletion), and a start or stop leaves no proce
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.controlplane.helpers import api_client, eventually, namespace
+from tests.helpers import REPO_ROOT
 from tools.controlplane.launch import ControlPlane, ControlPlaneError, binaries, running_control_plane
 from tools.controlplane.processes import https_get
 
@@ -210,3 +215,37 @@ def test_missing_binaries_are_named_with_the_make_target(tmp_path: Path) -> None
         ControlPlaneError, match=r"^etcd, kube-apiserver, .* not built in .*`make controlplane`"
     ):
         binaries(tmp_path)
+
+
+def test_the_command_line_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    binaries()
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.controlplane",
+            "up",
+            "--dir",
+            str(tmp_path),
+            "--no-controllers",
+            "--no-scheduler",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stdout is not None
+        kubeconfig = Path(cli.stdout.readline().strip())
+        assert kubeconfig == tmp_path / "admin.kubeconfig"
+        server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        pids = json.loads((tmp_path / "startup.json").read_text())["pids"]
+        assert all(_alive(pid) for pid in pids.values())
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        _, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err
+    assert "ready in" in err and server in err
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert _bindable(int(server.rsplit(":", 1)[1]))
