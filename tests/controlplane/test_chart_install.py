@@ -3,8 +3,9 @@ synth's values, Contract 1), the cluster smoke release, `helm upgrade` and the c
 server must refuse, all against the session's control plane (tools/controlplane).
 
 No kubelet here: pods are created by the real controllers and admitted by the real admission plugins,
-then stay Pending. What needs them running (`helm test`'s verdict, the training itself) is the process
-kubelet's part.
+then stay Pending (this module runs before the process kubelet's modules in the session's `controlplane`
+group, and those delete their nodes when they end). What needs them running (`helm test`'s verdict,
+the training itself) is the process kubelet's part.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def installed(control_plane: ControlPlane, team: TeamRelease, folder: Path) -> I
     """What `cdk deploy` does on the cluster: infra's manifests applied (kubectl apply, as the CDK kubectl
     provider does), then `helm install` of the trainer release with the synthesized values."""
     for namespace in ADDON_NAMESPACES:
-        assert kubectl(control_plane, "create", "namespace", namespace).returncode == 0
+        made = kubectl(control_plane, "create", "namespace", namespace)
+        assert made.returncode == 0 or "AlreadyExists" in made.stderr, made.stderr
     manifests = folder / "manifests.json"
     manifests.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": team.manifests}))
     applied = kubectl(control_plane, "apply", "-f", str(manifests))

@@ -24,9 +24,15 @@ LABELS = {"app": "probe"}
 CONTAINER = client.V1Container(name="main", image="registry.invalid/probe:1", command=["true"])
 
 
+NO_NODE = {"blueprint.test/no-such-node": "true"}
+"""A node selector no node matches: the pods stay Pending even where a process kubelet has registered
+nodes on the session's control plane."""
+
+
 def _template() -> client.V1PodTemplateSpec:
     return client.V1PodTemplateSpec(
-        metadata=client.V1ObjectMeta(labels=LABELS), spec=client.V1PodSpec(containers=[CONTAINER])
+        metadata=client.V1ObjectMeta(labels=LABELS),
+        spec=client.V1PodSpec(containers=[CONTAINER], node_selector=NO_NODE),
     )
 
 
@@ -124,7 +130,7 @@ def test_the_real_controllers_create_pods_for_a_deployment_and_an_indexed_job(
         assert owner.kind == "ReplicaSet" and owner.controller
         (rs_owner,) = apps.read_namespaced_replica_set(owner.name, ns).metadata.owner_references
         assert (rs_owner.kind, rs_owner.name) == ("Deployment", "web")
-        # No kubelet here: the scheduler finds no node, and says so on the pod.
+        # The scheduler finds no node for them, and says so on the pod.
         eventually(
             lambda: any(
                 c.type == "PodScheduled" and c.reason == "Unschedulable"
