@@ -179,6 +179,13 @@ def running_control_plane(
         record = {
             "seconds": {k: round(v, 2) for k, v in seconds.items()},
             "pids": {c.name: c.process.pid for c in started},
+            "ports": {
+                "etcd": layout.etcd_client_port,
+                "etcd-peer": layout.etcd_peer_port,
+                "kube-apiserver": layout.api_port,
+                "kube-controller-manager": layout.controller_manager_port,
+                "kube-scheduler": layout.scheduler_port,
+            },
             "server": layout.server,
         }
         (workdir / "startup.json").write_text(json.dumps(record, indent=2) + "\n")
