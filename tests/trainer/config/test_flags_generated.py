@@ -386,7 +386,7 @@ def _options() -> list[tuple[str, str, bool, bool]]:
     """(option, dest, repeatable, takes a value) of every long option of the trainer's parser."""
     import argparse
 
-    from trainer.config.flags import make_parser
+    from trainer.config.train_config import make_parser
 
     repeatable = (argparse._AppendAction, argparse._CountAction, argparse._HelpAction)
     return [
