@@ -15,7 +15,7 @@ import yaml
 
 from infra.trainer_release import TRAINER_RELEASE, trainer_values
 from tests.chart.helm import template_result
-from tests.helpers import CHECKOV, REPO_ROOT, require_tool
+from tests.helpers import CHECKOV, HELM, REPO_ROOT, require_tool
 from tests.infra._synth import SynthResult
 from tests.infra.policy_scan import (
     Finding,
@@ -83,6 +83,7 @@ def _log_group_decoy(
 @pytest.fixture(scope="module")
 def policy_scan(synth: SynthResult, templates: dict, tmp_path_factory: pytest.TempPathFactory) -> ScanResult:
     checkov = require_tool(CHECKOV, "checkov")
+    require_tool(HELM, "helm")
     image = ("registry.example/trainer", "0123456789abcdef")
     renders = {"defaults": (TRAINER_RELEASE, _render({}, TRAINER_RELEASE, "default"))}
     for name, team in synth.teams.items():
