@@ -5,6 +5,12 @@ PYTHON      ?= python3.11
 VENV        := .venv
 PY          := $(VENV)/bin/python
 HELM        := .tools/bin/helm
+# checkov (the policy scan, tests/infra/test_policy.py) lives in a virtual environment of its own: its
+# dependencies pin versions the project's .venv pins differently. The stamp names the version, so a new pin
+# reinstalls it.
+CHECKOV_VERSION := 3.3.30
+CHECKOV_VENV    := .tools/checkov
+CHECKOV_STAMP   := $(CHECKOV_VENV)/.installed-$(CHECKOV_VERSION)
 CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
 NAMESPACE   ?= ml-research
@@ -37,7 +43,13 @@ node_modules/.installed: package.json package-lock.json
 $(HELM): $(VENV)/.installed tools/install_helm.py
 	$(PY) tools/install_helm.py --dest .tools/bin
 
-setup: $(VENV)/.installed node_modules/.installed $(HELM) ## Install Python deps, the CDK CLI and helm (idempotent)
+$(CHECKOV_STAMP):
+	rm -rf $(CHECKOV_VENV)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --disable-pip-version-check checkov==$(CHECKOV_VERSION)
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed $(HELM) $(CHECKOV_STAMP) ## Install Python deps, the CDK CLI, helm and checkov (idempotent)
 
 # The real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) built from the
 # wrapper Go module controlplane/ with the Go toolchain; tools/controlplane starts it. Cold build on 2

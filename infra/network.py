@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 
-from aws_cdk import ArnFormat, RemovalPolicy, Stack
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.config import NetworkConfig
+from infra.log_encryption import encrypted_log_group
 
 # Interface endpoints private nodes use without the NAT: image pulls (ECR), credentials (STS, EKS Auth for
 # Pod Identity), node bootstrap (EC2, EKS) and logs. S3 is a (free) gateway endpoint: ECR layers live there.
@@ -105,53 +105,16 @@ class Network(Construct):
 
     def _flow_log_group(self) -> tuple[kms.Key, logs.LogGroup]:
         """The flow logs' group, encrypted with a key CloudWatch Logs may use for this group only."""
-        stack = Stack.of(self)
-        # A fixed name, so the key policy can name the one log group (a generated name would make the
-        # key depend on the group and the group on the key).
-        group_name = f"/nvrx-blueprint/{stack.stack_name}/vpc-flow-logs"
-        key = kms.Key(
+        stack_name = Stack.of(self).stack_name
+        return encrypted_log_group(
             self,
             "FlowLogsKey",
-            description=f"VPC flow logs of stack {stack.stack_name}",
-            enable_key_rotation=True,
-            # Retained with the log group: deleting the key would make a year of flow logs unreadable.
-            removal_policy=RemovalPolicy.RETAIN,
-        )
-        # https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/encrypt-log-data-kms.html
-        key.add_to_resource_policy(
-            iam.PolicyStatement(
-                # The regional CloudWatch Logs principal (amazonaws.com.cn in China: the URL suffix).
-                principals=[iam.ServicePrincipal(f"logs.{stack.region}.{stack.url_suffix}")],
-                actions=[
-                    "kms:Encrypt*",
-                    "kms:Decrypt*",
-                    "kms:ReEncrypt*",
-                    "kms:GenerateDataKey*",
-                    "kms:Describe*",
-                ],
-                resources=["*"],  # in a key policy, "*" is this key
-                conditions={
-                    "ArnEquals": {
-                        "kms:EncryptionContext:aws:logs:arn": stack.format_arn(
-                            service="logs",
-                            resource="log-group",
-                            resource_name=group_name,
-                            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                        )
-                    }
-                },
-            )
-        )
-        group = logs.LogGroup(
-            self,
             "FlowLogs",
-            log_group_name=group_name,
-            encryption_key=key,
-            retention=logs.RetentionDays.ONE_YEAR,
+            group_name=f"/nvrx-blueprint/{stack_name}/vpc-flow-logs",
+            description=f"VPC flow logs of stack {stack_name}",
+            # Retained with the stack's other evidence: a year of flow logs outlives the stack.
             removal_policy=RemovalPolicy.RETAIN,
         )
-        group.node.add_dependency(key)  # the key policy must allow CloudWatch Logs before the group uses it
-        return key, group
 
     def _nat_gateway_id(self, az: str) -> str:
         for subnet in self.vpc.public_subnets:

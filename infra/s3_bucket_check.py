@@ -10,8 +10,9 @@ from pathlib import Path
 from aws_cdk import CustomResource, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from constructs import Construct
+
+from infra.log_encryption import encrypted_log_group
 
 HANDLER_DIR = Path(__file__).resolve().parent / "lambdas" / "s3_bucket_check"
 CHECK_ACTIONS = ["s3:GetBucketPublicAccessBlock", "s3:GetBucketPolicy", "s3:GetEncryptionConfiguration"]
@@ -23,13 +24,21 @@ def bucket_of(s3_path: str) -> str:
 
 
 class S3BucketCheck(Construct):
-    """Attributes: `function`, `resource` (make the association depend on it)."""
+    """Attributes: `function`, `resource` (make the association depend on it), `log_key`."""
 
     def __init__(self, scope: Construct, construct_id: str, *, s3_path: str) -> None:
         super().__init__(scope, construct_id)
         bucket = bucket_of(s3_path)
-        log_group = logs.LogGroup(
-            self, "Logs", retention=logs.RetentionDays.ONE_YEAR, removal_policy=RemovalPolicy.DESTROY
+        stack_name = Stack.of(self).stack_name
+        # Its log lines name the bucket and why it failed; encrypted like every log group of the stack.
+        # Deleted with the stack: they describe a deploy that no longer exists.
+        self.log_key, log_group = encrypted_log_group(
+            self,
+            "LogsKey",
+            "Logs",
+            group_name=f"/nvrx-blueprint/{stack_name}/s3-bucket-check",
+            description=f"Logs of the deploy-time S3 bucket check of stack {stack_name}",
+            removal_policy=RemovalPolicy.DESTROY,
         )
         # An explicit role (not the default one with AWSLambdaBasicExecutionRole): its log group and the
         # three read actions on this one bucket.
@@ -62,5 +71,10 @@ class S3BucketCheck(Construct):
             "Check",
             service_token=self.function.function_arn,
             resource_type="Custom::S3BucketCheck",
+            # CloudFormation invokes the function asynchronously and waits for its answer (an hour by
+            # default). The handler answers every request itself, so a wait this long means the function
+            # never ran to its answer (throttled, or failed after Lambda's two retries, 1 and 2 minutes
+            # apart): the deploy fails after 10 minutes instead.
+            service_timeout=Duration.minutes(10),
             properties={"Bucket": bucket},
         )

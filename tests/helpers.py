@@ -1,5 +1,6 @@
 """Helpers every test folder imports: the repository root, free ports, the tools `make setup` installs
-(helm, CDK CLI) and `require_tool`, which fails or skips when one is missing. Fixtures: conftest.py."""
+(helm, CDK CLI, checkov) and `require_tool`, which fails or skips when one is missing. Fixtures:
+conftest.py."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from trainer.runtime.ports import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELM = REPO_ROOT / ".tools" / "bin" / "helm"
 CDK = REPO_ROOT / "node_modules" / ".bin" / "cdk"
+CHECKOV = REPO_ROOT / ".tools" / "checkov" / "bin" / "checkov"  # its own venv (Makefile CHECKOV_VENV)
 # `make test` sets it: there a missing tool is a failure (make setup installed it), never a skip.
 REQUIRE_TOOLS_ENV = "BLUEPRINT_REQUIRE_TOOLS"
 
-__all__ = ["CDK", "HELM", "REPO_ROOT", "REQUIRE_TOOLS_ENV", "free_port", "require_tool"]
+__all__ = ["CDK", "CHECKOV", "HELM", "REPO_ROOT", "REQUIRE_TOOLS_ENV", "free_port", "require_tool"]
 
 
 def require_tool(path: Path, what: str) -> Path:

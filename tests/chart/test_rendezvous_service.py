@@ -39,6 +39,21 @@ def test_one_replica_replaced_not_rolled_on_the_trainer_image() -> None:
     assert "tolerations" not in spec["template"]["spec"]
 
 
+def test_restarted_when_its_port_stops_answering_but_never_for_being_busy() -> None:
+    deployment, _, _ = _rendezvous(render())
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    liveness = container["livenessProbe"]
+    assert liveness["tcpSocket"]["port"] == "rdzv"  # the store itself, not a side endpoint
+    # A minute of refused connects, after the interpreter had 30 s to start, before a restart.
+    assert liveness["initialDelaySeconds"] >= 30
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
+    assert liveness["timeoutSeconds"] >= 5
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert int(limits["cpu"]) >= 2 * int(requests["cpu"])  # room for a restart round's burst
+    assert pod["automountServiceAccountToken"] is False  # it serves a TCP store and calls no API
+
+
 @pytest.mark.parametrize(
     "values", [{}, {"nodes": 3, "spareNodes": 2, "rdzvPort": 29555, "rdzvLastCallTimeout": 0}]
 )

@@ -134,6 +134,26 @@ def test_the_bucket_check_may_read_three_settings_of_that_bucket_only(
     assert "ManagedPolicyArns" not in template["Resources"][role_id]["Properties"]
 
 
+def test_the_bucket_check_logs_to_a_group_only_its_key_encrypts_and_gives_up_after_10_minutes(
+    synth: SynthResult, templates: dict
+) -> None:
+    stack, template = synth.stacks["ml-research"], templates["ml-research"]
+    check = stack.storage.bucket_check
+    key_id = ref(stack, check.log_key)["Ref"]
+    function = template["Resources"][ref(stack, check.function)["Ref"]]["Properties"]
+    group_id = function["LoggingConfig"]["LogGroup"]["Ref"]
+    group = template["Resources"][group_id]
+    assert group["Properties"]["KmsKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
+    key = template["Resources"][key_id]
+    (logs,) = [s for s in key["Properties"]["KeyPolicy"]["Statement"] if "Service" in s["Principal"]]
+    arn = json.dumps(logs["Condition"]["ArnEquals"]["kms:EncryptionContext:aws:logs:arn"])
+    assert group["Properties"]["LogGroupName"] in arn  # this group only
+    # The check's logs describe one deploy: group and key go with the stack, together.
+    assert group["DeletionPolicy"] == key["DeletionPolicy"] == "Delete"
+    (custom,) = resources(template, "Custom::S3BucketCheck")
+    assert custom["Properties"]["ServiceTimeout"] == "600"  # seconds
+
+
 # -- the team checkpoint key ---------------------------------------------------------------------------
 @pytest.mark.parametrize("team", ALL_TEAMS)
 def test_checkpoint_key_is_created_in_cluster_and_its_value_is_in_no_template(

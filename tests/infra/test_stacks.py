@@ -270,12 +270,17 @@ def test_access_entries_for_every_admin(synth: SynthResult, cdk_templates: dict)
 
 
 @pytest.mark.parametrize("team", ALL_TEAMS)
-def test_kms_keys_rotate_and_are_retained(team: str, templates: dict) -> None:
+def test_kms_keys_rotate_and_are_retained(team: str, synth: SynthResult, templates: dict) -> None:
     keys = resources(templates[team], "AWS::KMS::Key")
-    assert len(keys) == 4  # EKS secrets, FSx, VPC flow logs, the alarm topic (infra/observability.py)
+    # EKS secrets, FSx, VPC flow logs, the alarm topic (infra/observability.py); with an S3 link, the
+    # bucket check's logs, deleted with its log group (they describe a deploy, not data).
+    check_logs = [k for k in keys if k["Properties"]["Description"].startswith("Logs of the deploy-time")]
+    assert len(check_logs) == (synth.teams[team].fsx.s3_path is not None)
+    assert len(keys) == 4 + len(check_logs)
     for key in keys:
         assert key["Properties"]["EnableKeyRotation"] is True
-        assert (key["DeletionPolicy"], key["UpdateReplacePolicy"]) == ("Retain", "Retain")
+        expected = ("Delete", "Delete") if key in check_logs else ("Retain", "Retain")
+        assert (key["DeletionPolicy"], key["UpdateReplacePolicy"]) == expected
 
 
 @pytest.mark.parametrize("team", ALL_TEAMS)
