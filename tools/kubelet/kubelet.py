@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from tools.kubelet.podworker import NodeContext, PodWorker, disruption_condition
 
 log = logging.getLogger("tools.kubelet")
 WATCH_WINDOW_S = 60
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+TAINT_WAIT_S = 10.0
 _GONE = 410
 
 
@@ -110,7 +113,7 @@ class ProcessKubelet:
         with self._lock:
             workers = list(self._workers.values())
         for worker in workers:
-            worker.lose(None)
+            worker.lose()
         for worker in workers:
             worker.join(timeout=10)
         self._logs.__exit__(None, None, None)
@@ -129,16 +132,32 @@ class ProcessKubelet:
             raise ValueError(f"how: 'terminated' or 'vanished', not {how!r}")
         with self._lock:
             self._lost.add(node)
-            workers = [w for w in self._workers.values() if w.ctx.node == node]
-        disruption = disruption_condition(node) if how == "terminated" else None
+            workers = [w for w in self._workers.values() if w.ctx.node == node and not w.finished.is_set()]
         killed: set[int] = set()
         for worker in workers:
-            killed |= worker.lose(disruption)
+            killed |= worker.lose()
         for worker in workers:
             worker.join(timeout=10)
+        if how == "terminated":
+            # The node's last word, as the kubelet's shutdown manager posts it: NotReady. Its pods are
+            # reported Failed only once the node lifecycle controller has tainted it not-ready, so the
+            # scheduler cannot bind their replacements to this lost node.
+            self.api.patch_node_status(node, node_status(self.nodes[node], self._logs.port, ready=False))
+            self._wait_tainted(node, NOT_READY_TAINT, TAINT_WAIT_S)
+            for worker in workers:
+                worker.report_lost(disruption_condition(node))
         if how == "vanished":
             self.api.delete_node(node)
         return killed
+
+    def _wait_tainted(self, node: str, key: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            taints = self.api.core.read_node(node).spec.taints or []
+            if any(t.key == key for t in taints):
+                return
+            time.sleep(0.1)
+        log.warning("node %s: no %s taint after %.0f s", node, key, timeout_s)
 
     def pods_on(self, node: str) -> list[str]:
         """`namespace/name` of the pods this kubelet runs on `node` now."""

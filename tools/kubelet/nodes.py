@@ -139,12 +139,9 @@ def node_status(spec: NodeSpec, kubelet_port: int, ready: bool = True) -> dict[s
             "capacity": dict(spec.capacity),
             "allocatable": dict(spec.capacity),
             "conditions": [
-                condition(
-                    "Ready",
-                    "True" if ready else "False",
-                    "KubeletReady",
-                    "process kubelet is posting ready status",
-                ),
+                condition("Ready", "True", "KubeletReady", "process kubelet is posting ready status")
+                if ready
+                else condition("Ready", "False", "KubeletNotReady", "node is shutting down"),
                 condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "no memory pressure"),
                 condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "no disk pressure"),
                 condition("PIDPressure", "False", "KubeletHasSufficientPID", "no PID pressure"),

@@ -104,11 +104,11 @@ class PodWorker(threading.Thread):
         self._grace_s: float | None = None
         self._lost = False
         self._gone = False
-        self._disruption: dict[str, Any] | None = None
+        self._disruption: dict[str, Any] = {}
         self._posted: dict[str, Any] | None = None
         self._start_time = now_iso()
         self._phase = "Pending"
-        self._initialized = not self.init
+        self._init_done = not self.init
         self._folders: dict[str, Path] = {}
         self.finished = threading.Event()
 
@@ -128,11 +128,9 @@ class PodWorker(threading.Thread):
         self._grace_s = 0.0
         self._stopping.set()
 
-    def lose(self, disruption: Mapping[str, Any] | None) -> set[int]:
-        """The node is lost: every process killed at once; `disruption` (a DisruptionTarget condition)
-        is posted with phase Failed when given, else nothing more is reported."""
+    def lose(self) -> set[int]:
+        """The node is lost: every process killed at once, nothing more reported (see report_lost)."""
         self._lost = True
-        self._disruption = dict(disruption) if disruption else None
         self._stopping.set()
         killed: set[int] = set()
         with self._lock:
@@ -177,7 +175,7 @@ class PodWorker(threading.Thread):
         for spec, state in zip(self.pod["spec"].get("initContainers") or [], self.init, strict=True):
             if not self._run_init(spec, state):
                 return self._end()
-        self._initialized = True
+        self._init_done = True
         for state in self.main:
             state.state = waiting("ContainerCreating")
         specs = {c["name"]: c for c in self.pod["spec"]["containers"]}
@@ -319,9 +317,6 @@ class PodWorker(threading.Thread):
     def _end(self) -> None:
         """Stopped (deleted, lost, gone) or finished: stop what runs, report, confirm a deletion."""
         if self._lost:
-            if self._disruption is not None:
-                self._phase = "Failed"
-                self._post_lost()
             return
         if self._gone:
             self._kill_all()
@@ -331,7 +326,7 @@ class PodWorker(threading.Thread):
             if self._phase not in ("Succeeded", "Failed"):
                 done = [c for c in self.main if "terminated" in c.state]
                 ok = len(done) == len(self.main) and all(c.exit_code == 0 for c in done)
-                self._phase = "Succeeded" if ok and self._initialized else "Failed"
+                self._phase = "Succeeded" if ok and self._init_done else "Failed"
             for state in [*self.init, *self.main]:
                 if "running" in state.state or "waiting" in state.state:
                     if "waiting" in state.state and state.restart_count == 0 and state.pid is None:
@@ -371,7 +366,7 @@ class PodWorker(threading.Thread):
             start_time=self._start_time,
             init=self.init,
             main=self.main,
-            initialized=self._initialized,
+            initialized=self._init_done,
             reason=reason,
         )
         if same_status(self._posted, status):
@@ -379,7 +374,9 @@ class PodWorker(threading.Thread):
         if self.ctx.api.patch_pod_status(self.namespace, self.pod_name, status):
             self._posted = status
 
-    def _post_lost(self) -> None:
+    def report_lost(self, disruption: Mapping[str, Any]) -> None:
+        """After the loss (the worker has ended): the pod Failed, with `disruption` among its conditions."""
+        self._disruption = dict(disruption)
         for state in [*self.init, *self.main]:
             if "running" in state.state:
                 state.state = terminated(137, state.state["running"]["startedAt"], "Error", "node lost")
@@ -389,8 +386,8 @@ class PodWorker(threading.Thread):
             start_time=self._start_time,
             init=self.init,
             main=self.main,
-            initialized=self._initialized,
-            extra_conditions=[self._disruption or {}],
+            initialized=self._init_done,
+            extra_conditions=[self._disruption],
             reason="NodeLost",
             message=f"node {self.ctx.node} was lost",
         )
