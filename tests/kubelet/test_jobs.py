@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.kubelet.conftest import Cluster, wait_for
+from tests.clusterkit import Cluster, wait_for
 
 GPU_POD = {
     # What the chart's trainer pods ask for (k8s/values.yaml): the GPU node group and all of its GPUs, so

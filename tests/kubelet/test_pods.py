@@ -9,7 +9,7 @@ import time
 
 from kubernetes import client
 
-from tests.kubelet.conftest import Cluster, wait_for
+from tests.clusterkit import Cluster, wait_for
 
 SH = ["sh", "-c"]
 
