@@ -66,9 +66,14 @@ def gpu_node(
     host_dirs: tuple[str, ...] = (),
     cpu: str = "192",
     memory: str = "2048Gi",
+    gpus: int | None = None,
 ) -> NodeSpec:
-    """A node of the GPU node group: its instance type's GPUs and EFA interfaces as extended resources."""
-    facts = instance_facts(instance_type)
+    """A node of the GPU node group: its instance type's GPUs and EFA interfaces as extended resources.
+    `gpus` overrides the instance type's count (a CPU-sized run whose pods ask for fewer GPUs than the
+    instance has still gets one pod per node, as a pod taking all of them does on the real group)."""
+    facts = dict(instance_facts(instance_type))
+    if gpus is not None:
+        facts["gpus"] = gpus
     return NodeSpec(
         name=name,
         labels={

@@ -43,12 +43,14 @@ from tools.kubelet.status import (
     terminated,
     waiting,
 )
+from tools.localjob import with_rdzv_host
 from tools.localpod import LocalPod
 
 log = logging.getLogger("tools.kubelet")
 POLL_S = 0.05
 MAX_BACKOFF_S = 300.0
 HOST_IP = "127.0.0.1"
+RDZV_ENDPOINT_FLAGS = ("--rdzv-endpoint=", "--rdzv_endpoint=")
 POD_IP = "127.0.0.1"
 
 
@@ -278,7 +280,15 @@ class PodWorker(threading.Thread):
         argv = container_argv(spec, env)
         mounts = mount_map(spec, self._folders)
         env = {k: self._local(v, mounts) for k, v in env.items()}
+        named_endpoint = any(
+            a.startswith(RDZV_ENDPOINT_FLAGS) and self.ctx.cluster_names.search(a) for a in argv
+        )
         argv = [self._local(a, mounts) for a in argv]
+        if named_endpoint:
+            # The endpoint named a Service, which no launcher takes for itself; rewritten to 127.0.0.1 it
+            # would look like this host to every launcher (torch counts any loopback address as its own),
+            # and each would try to host the store. `is_host=0` keeps what the name meant.
+            argv = with_rdzv_host(argv, False)
         cwd = Path(self._local(spec["workingDir"], mounts)) if spec.get("workingDir") else self.ctx.workdir
         return argv, {**self.ctx.image_env, **env}, cwd
 

@@ -51,11 +51,14 @@ class MountMap:
 
     def rewrite(self, text: str) -> str:
         """Every path in `text` under a mountPath, at the start or after `=`, `:`, a space or a quote,
-        with the mountPath replaced by its local folder."""
-        for mount_path, local in self.mounts:
-            pattern = re.compile(r"(^|(?<=[=:\s'\"]))" + re.escape(mount_path) + r"(?=/|$|[\s'\":;,])")
-            text = pattern.sub(lambda _m, local=local: str(local), text)
-        return text
+        with the mountPath replaced by its local folder. One pass: a local folder put in is never
+        rewritten again (it may itself lie under a mountPath such as /tmp)."""
+        if not self.mounts:
+            return text
+        local = dict(self.mounts)
+        alternatives = "|".join(re.escape(path) for path, _ in self.mounts)  # longest first
+        pattern = re.compile(r"(?:^|(?<=[=:\s'\"]))(" + alternatives + r")(?=/|$|[\s'\":;,])")
+        return pattern.sub(lambda m: str(local[m.group(1)]), text)
 
 
 @dataclass
