@@ -31,6 +31,7 @@ path is its default); rdzvPort is a free port of this machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import secrets
 import shutil
@@ -211,8 +212,27 @@ def _pod_record(pod: client.V1Pod) -> dict[str, Any]:
         "phase": pod.status.phase,
         "exit_code": term.exit_code if term else None,
         "created": pod.metadata.creation_timestamp.timestamp(),
+        "finished": term.finished_at.timestamp() if term and term.finished_at else None,
         "conditions": sorted(c.type for c in pod.status.conditions or [] if c.status == "True"),
     }
+
+
+def replacements(pods: list[dict[str, Any]]) -> list[str]:
+    """For each index with more than one pod: when the real Job controller created the next pod after
+    the one before ended (both API timestamps, whole seconds)."""
+    lines = []
+    by_index: dict[str, list[dict[str, Any]]] = {}
+    for pod in sorted(pods, key=lambda p: p["created"]):
+        by_index.setdefault(pod["index"], []).append(pod)
+    for index, attempts in sorted(by_index.items()):
+        for before, after in itertools.pairwise(attempts):
+            if before["finished"] is not None:
+                lines.append(
+                    f"index {index}: {before['name']} ended {before['phase']} (exit {before['exit_code']}) "
+                    f"on {before['node']}; the Job controller created {after['name']} "
+                    f"{after['created'] - before['finished']:.0f} s later, on {after['node']}"
+                )
+    return lines
 
 
 def collect_logs(api: client.ApiClient, namespace: str, pods: list[dict[str, Any]], out: Path) -> Path:
@@ -278,6 +298,8 @@ def run(teams: Path, overrides: Path, out: Path, timeout_s: float) -> int:
             kubelet, api, namespace, run_dir, int(demo._flag(pod.trainer.argv, "--steps")), timeout_s
         )
         (out / "pods.json").write_text(json.dumps(pods, indent=2) + "\n")
+        for line in replacements(pods):
+            say(line)
         collect_logs(api, namespace, pods, out)
     say("5/5 report")
     result = demo.report(run_dir, out, job_ok, nproc)
