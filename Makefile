@@ -59,7 +59,19 @@ $(CONTROLPLANE_BIN)/.built: controlplane/go.mod controlplane/go.sum $(wildcard c
 	cd controlplane && go build -trimpath -ldflags='-s -w $(KUBE_STAMP)' -o $(abspath $(CONTROLPLANE_BIN))/ $(CONTROLPLANE_PKGS)
 	touch $@
 
-controlplane: $(CONTROLPLANE_BIN)/.built ## Build the local Kubernetes control plane into .tools/controlplane/bin
+# The PodMonitor CRD the chart's podMonitor.enabled renders for (a Prometheus team's trainer release):
+# kube-prometheus-stack installs it on EKS. Taken from prometheus-operator's source module, the newest
+# release the module proxy serves here; the tests install it on the local API server.
+PROMETHEUS_OPERATOR := github.com/prometheus-operator/prometheus-operator@v0.85.0
+PODMONITOR_CRD := .tools/controlplane/crds/podmonitors.yaml
+
+$(PODMONITOR_CRD): Makefile
+	@command -v go >/dev/null || { echo "make controlplane: the Go toolchain (go) is not on PATH"; exit 2; }
+	mkdir -p $(dir $@)
+	dir=$$(cd $${TMPDIR:-/tmp} && go mod download -json $(PROMETHEUS_OPERATOR) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
+	  cp "$$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" $@ && chmod 644 $@
+
+controlplane: $(CONTROLPLANE_BIN)/.built $(PODMONITOR_CRD) ## Build the local Kubernetes control plane into .tools/controlplane/bin
 
 synth: setup ## Synthesize one CloudFormation template per team of $(TEAMS) into cdk.out/
 	@# Validate first: a bad teams file ends here with exit 2 and its one-line error, not the CDK CLI's own line.

@@ -5,13 +5,18 @@ Indexed Job's pods, a namespace's deletion), and a start or stop leaves no proce
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client
 
 from tests.controlplane.helpers import api_client, eventually, namespace
+from tests.helpers import REPO_ROOT
 from tools.controlplane.launch import ControlPlane, ControlPlaneError, binaries, running_control_plane
 from tools.controlplane.processes import https_get
 
@@ -19,9 +24,15 @@ LABELS = {"app": "probe"}
 CONTAINER = client.V1Container(name="main", image="registry.invalid/probe:1", command=["true"])
 
 
+NO_NODE = {"blueprint.test/no-such-node": "true"}
+"""A node selector no node matches: the pods stay Pending even where a process kubelet has registered
+nodes on the session's control plane."""
+
+
 def _template() -> client.V1PodTemplateSpec:
     return client.V1PodTemplateSpec(
-        metadata=client.V1ObjectMeta(labels=LABELS), spec=client.V1PodSpec(containers=[CONTAINER])
+        metadata=client.V1ObjectMeta(labels=LABELS),
+        spec=client.V1PodSpec(containers=[CONTAINER], node_selector=NO_NODE),
     )
 
 
@@ -119,7 +130,7 @@ def test_the_real_controllers_create_pods_for_a_deployment_and_an_indexed_job(
         assert owner.kind == "ReplicaSet" and owner.controller
         (rs_owner,) = apps.read_namespaced_replica_set(owner.name, ns).metadata.owner_references
         assert (rs_owner.kind, rs_owner.name) == ("Deployment", "web")
-        # No kubelet here: the scheduler finds no node, and says so on the pod.
+        # The scheduler finds no node for them, and says so on the pod.
         eventually(
             lambda: any(
                 c.type == "PodScheduled" and c.reason == "Unschedulable"
@@ -210,3 +221,37 @@ def test_missing_binaries_are_named_with_the_make_target(tmp_path: Path) -> None
         ControlPlaneError, match=r"^etcd, kube-apiserver, .* not built in .*`make controlplane`"
     ):
         binaries(tmp_path)
+
+
+def test_the_command_line_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+    binaries()
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tools.controlplane",
+            "up",
+            "--dir",
+            str(tmp_path),
+            "--no-controllers",
+            "--no-scheduler",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert cli.stdout is not None
+        kubeconfig = Path(cli.stdout.readline().strip())
+        assert kubeconfig == tmp_path / "admin.kubeconfig"
+        server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        pids = json.loads((tmp_path / "startup.json").read_text())["pids"]
+        assert all(_alive(pid) for pid in pids.values())
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        _, err = cli.communicate(timeout=60)
+    assert cli.returncode == 0, err
+    assert "ready in" in err and server in err
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert _bindable(int(server.rsplit(":", 1)[1]))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +121,12 @@ def _credentials(layout: flags.Layout) -> str:
     return tokens[ADMIN_USER]
 
 
+def _answers(url: str) -> Callable[[], bool]:
+    """A probe of a component's own endpoint: etcd's plain HTTP, or a self-signed certificate on
+    127.0.0.1 that is not checked."""
+    return lambda: https_get(url, ca_file=None) == 200
+
+
 @contextmanager
 def running_control_plane(
     workdir: Path, *, bin_dir: Path | None = None, controllers: bool = True, scheduler: bool = True
@@ -148,12 +154,7 @@ def running_control_plane(
 
     try:
         etcd = launch("etcd", flags.etcd(layout))
-        seconds["etcd"] = wait_until(
-            etcd,
-            lambda: https_get(layout.etcd_url + "/health", ca_file=None) == 200,
-            READY_TIMEOUT_S,
-            "healthy",
-        )
+        seconds["etcd"] = wait_until(etcd, _answers(layout.etcd_url + "/health"), READY_TIMEOUT_S, "healthy")
         api = launch("kube-apiserver", flags.api_server(layout))
         seconds["kube-apiserver"] = wait_until(api, lambda: api_ok("/readyz"), READY_TIMEOUT_S, "ready")
         chosen = [
@@ -164,12 +165,8 @@ def running_control_plane(
             chosen.append(("kube-scheduler", flags.scheduler(layout), layout.scheduler_port))
         for name, args, port in chosen:
             component = launch(name, args)
-            probe = f"https://127.0.0.1:{port}/healthz"
             seconds[name] = wait_until(
-                component,
-                lambda probe=probe: https_get(probe, ca_file=None) == 200,
-                READY_TIMEOUT_S,
-                "healthy",
+                component, _answers(f"https://127.0.0.1:{port}/healthz"), READY_TIMEOUT_S, "healthy"
             )
         if controllers:
             seconds["default service account"] = wait_until(
