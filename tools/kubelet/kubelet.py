@@ -41,7 +41,7 @@ from tools.kubelet.nodes import NodeSpec, lease_object, node_object, node_status
 from tools.kubelet.podworker import NodeContext, PodWorker, disruption_condition
 
 log = logging.getLogger("tools.kubelet")
-WATCH_WINDOW_S = 60
+WATCH_WINDOW_S = 5  # a watch request lasts this long: stop() waits for the last one to end
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 TAINT_WAIT_S = 10.0
 _GONE = 410
