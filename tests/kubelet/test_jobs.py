@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes import client
+
 from tests.clusterkit import Cluster, wait_for
 
 GPU_POD = {
@@ -121,3 +123,18 @@ def test_lost_node_pod_is_replaced_without_counting_under_pod_failure_policy(clu
     assert (status.succeeded, status.failed or 0) == (1, 0)  # the lost pod did not count
     node = cluster.core.read_node(lost_node)
     assert {c.type: c.status for c in node.status.conditions}["Ready"] == "False"
+
+
+def test_a_vanished_node_is_deleted_and_its_lease_collected(cluster: Cluster) -> None:
+    # The cloud's way (an instance terminated): nothing reported, the Node object deleted; its Lease, owned
+    # by the Node, goes with it through the real garbage collector.
+    node = next(n for n in sorted(cluster.kubelet.nodes) if n.startswith("system-"))
+    cluster.kubelet.lose_node(node, how="vanished")
+    names = lambda: {n.metadata.name for n in cluster.core.list_node().items}  # noqa: E731
+    wait_for("the Node object deleted", lambda: node not in names(), 20)
+    leases = client.CoordinationV1Api(cluster.api)
+    wait_for(
+        "its Lease collected",
+        lambda: node not in {x.metadata.name for x in leases.list_namespaced_lease("kube-node-lease").items},
+        60,
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from kubernetes import client
 
 from tools.demo_cluster import compare, lost_nodes, replacements
@@ -66,3 +67,22 @@ def test_compare_puts_the_two_reports_side_by_side(tmp_path: Path) -> None:
     rows = {line.split("  ")[0].strip(): line.split() for line in table[1:]}
     assert rows["node-loss@37 spare joined after"][-4:] == ["1.25", "s", "1.50", "s"]
     assert rows["training efficiency"][-2:] == ["93.0%", "91.0%"]
+
+
+@pytest.mark.soak
+def test_the_demo_runs_on_the_real_control_plane(tmp_path: Path) -> None:
+    """`make demo-cluster` whole (about 3 minutes on 2 cores): the installed chart's Job completes through
+    the real Job controller, the node-loss fault's pod is replaced on another node, both faults recover."""
+    from tools.demo_cluster import REPO, run
+
+    out = tmp_path / "demo-cluster"
+    rc = run(REPO / "teams.yaml", REPO / "tools/demo-values.yaml", out, timeout_s=900)
+    assert rc == 0
+    pods = json.loads((out / "pods.json").read_text())
+    lost = [p for p in pods if p["exit_code"] == 137]
+    assert len(lost) == 1 and lost[0]["phase"] == "Failed"
+    replacement = [p for p in pods if p["index"] == lost[0]["index"] and p["name"] != lost[0]["name"]]
+    assert len(replacement) == 1 and replacement[0]["node"] != lost[0]["node"]
+    report = json.loads((out / "report.json").read_text())
+    assert [f["type"] for f in report["faults"]] == ["exception", "node-loss"]
+    assert all(f["recovered"] for f in report["faults"])
