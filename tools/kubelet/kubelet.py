@@ -257,8 +257,14 @@ class ProcessKubelet:
 
     def _log_lookup(self, namespace: str, pod: str, container: str, previous: bool) -> Any:
         with self._lock:
+            # The newest pod of that name: a name can be reused once the older pod is gone.
             worker = next(
-                (w for w in self._workers.values() if w.namespace == namespace and w.pod_name == pod), None
+                (
+                    w
+                    for w in reversed(self._workers.values())
+                    if w.namespace == namespace and w.pod_name == pod
+                ),
+                None,
             )
         if worker is None:
             return None, lambda: False
