@@ -16,7 +16,9 @@ controller and the rendezvous Deployment:
    (tools/kubelet `lose_node`: heartbeats stop, NotReady, tainted) as a lost instance would be, so the
    real Job controller's replacement, created under the chart's podFailurePolicy/backoffLimitPerIndex,
    lands on another node with an empty NVMe and /dev/shm;
-6. the report is tools/demo.py's, from the run's event files on the shared claim and the pods' logs read
+6. `helm test` runs the chart's run-summary pod (the node check, which needs nvidia-smi, is filtered
+   out);
+7. the report is tools/demo.py's, from the run's event files on the shared claim and the pods' logs read
    through the API server (`pods/log`, served by the kubelet).
 
 `--compare` runs the stand-in demo first (out/demo) and this one after it (out/demo-cluster) and prints
@@ -48,6 +50,7 @@ import yaml
 from kubernetes import client, config
 
 from tools import demo
+from tools.cluster_smoke import fullname as cs_fullname
 from tools.controlplane.launch import ControlPlane, running_control_plane
 from tools.kubelet.kubelet import ProcessKubelet
 from tools.kubelet.nodes import gpu_node, system_node
@@ -112,6 +115,19 @@ def helm_install(plane: ControlPlane, namespace: str, values_files: list[Path]) 
     if proc.returncode != 0:
         raise SystemExit(f"demo-cluster: helm install failed: {proc.stderr.strip()}")
     say(f"helm install {demo.RELEASE}: accepted by the API server in {time.monotonic() - started:.1f} s")
+
+
+def helm_test(plane: ControlPlane, namespace: str) -> bool:
+    """`helm test` of the release's run-summary pod (the node check needs nvidia-smi: left out here): the
+    real helm creates the hook pod, the kubelet runs it, helm reads its phase and log through the API."""
+    pod = f"{cs_fullname(demo.RELEASE)}-test-run"
+    cmd = [str(HELM), "test", demo.RELEASE, "--namespace", namespace, "--kubeconfig", str(plane.kubeconfig),
+           "--filter", f"name={pod}", "--timeout", "5m", "--logs"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    summary = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RUN_SUMMARY ")), "")
+    verdict = "passed" if proc.returncode == 0 else f"FAILED ({(proc.stderr.strip() or 'no output')[-300:]})"
+    say(f"helm test {demo.RELEASE} (pod {pod}): {verdict}; its RUN_SUMMARY line: {len(summary)} characters")
+    return proc.returncode == 0
 
 
 def cluster_values(out: Path) -> Path:
@@ -301,10 +317,11 @@ def run(teams: Path, overrides: Path, out: Path, timeout_s: float) -> int:
         for line in replacements(pods):
             say(line)
         collect_logs(api, namespace, pods, out)
+        tested = job_ok and helm_test(plane, namespace)
     say("5/5 report")
     result = demo.report(run_dir, out, job_ok, nproc)
     faults_ok = bool(result["faults"]) and all(f["recovered"] for f in result["faults"])
-    return 0 if job_ok and faults_ok else 1
+    return 0 if job_ok and faults_ok and tested else 1
 
 
 # -- side by side ------------------------------------------------------------------------------------
