@@ -71,7 +71,16 @@ def default_team_release(tmp: Path) -> TeamRelease:
 def run(
     plane: ControlPlane, binary: Path, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "HELM_CACHE_HOME": str(plane.workdir / "helm")}
+    # Everything helm and kubectl cache or configure stays in the control plane's folder, not in $HOME.
+    home = plane.workdir / "clients"
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(plane.kubeconfig),
+        "KUBECACHEDIR": str(home / "kube-cache"),
+        "HELM_CACHE_HOME": str(home / "helm-cache"),
+        "HELM_CONFIG_HOME": str(home / "helm-config"),
+        "HELM_DATA_HOME": str(home / "helm-data"),
+    }
     return subprocess.run(
         [str(binary), *args], input=stdin, capture_output=True, text=True, env=env, timeout=120, check=False
     )

@@ -210,6 +210,31 @@ def test_an_upgrade_that_flips_suspend_starts_the_same_job(
     assert {"nvidia.com/gpu", "vpc.amazonaws.com/efa", "node.kubernetes.io/not-ready"} <= keys
 
 
+def test_only_the_trainer_pods_need_the_privileged_pod_security_level(
+    control_plane: ControlPlane, installed: TeamRelease
+) -> None:
+    """docs/operations.md: the trainer pods need Pod Security level `privileged` (hostPath, IPC_LOCK);
+    every other pod is hardened. The PodSecurity admission plugin's server-side dry run of a stricter
+    label names the pods that would be refused: at `restricted`, only the trainer's."""
+    ns = installed.namespace
+    assert _trainer_pods(control_plane, ns), "the previous test started the trainer pods"
+    others = json.loads(kubectl(control_plane, "get", "pods", "-n", ns, "-o", "json").stdout)["items"]
+    assert {p["metadata"]["labels"].get("app.kubernetes.io/component") for p in others} >= {"rendezvous"}
+    for level, reasons in (
+        ("baseline", ("hostPath volumes", "capabilities")),
+        ("restricted", ("volume types",)),
+    ):
+        label = f"pod-security.kubernetes.io/enforce={level}"
+        dry = kubectl(control_plane, "label", "namespace", ns, label, "--dry-run=server", "--overwrite")
+        assert dry.returncode == 0, dry.stderr
+        refused = [
+            line for line in dry.stderr.splitlines() if "violate" not in line and line.startswith("Warning:")
+        ]
+        assert len(refused) == 1, dry.stderr  # one group of pods with the same violations
+        assert refused[0].split(":", 2)[1].strip().startswith(_job(control_plane, ns)["metadata"]["name"])
+        assert all(reason in refused[0] for reason in reasons), refused[0]
+
+
 def test_an_upgrade_with_another_image_replaces_the_job_the_server_would_not_change(
     control_plane: ControlPlane, installed: TeamRelease, folder: Path
 ) -> None:

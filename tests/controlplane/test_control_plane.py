@@ -178,18 +178,6 @@ def test_a_namespace_deletion_finishes(control_plane: ControlPlane) -> None:
     )
 
 
-def test_a_stopped_control_plane_leaves_no_process_and_no_port(tmp_path: Path) -> None:
-    binaries()  # the session fixture already failed or skipped when they are missing
-    with running_control_plane(tmp_path, controllers=False, scheduler=False) as plane:
-        pids = json.loads((plane.workdir / "startup.json").read_text())["pids"]
-        assert set(pids) == {"etcd", "kube-apiserver"}
-        port = int(plane.server.rsplit(":", 1)[1])
-        assert not _bindable(port)
-        assert all(_alive(pid) for pid in pids.values())
-    assert not [name for name, pid in pids.items() if _alive(pid)]
-    assert _bindable(port) and _bindable(port - 2)  # the API server's and etcd's client ports
-
-
 def test_a_component_that_fails_to_start_is_named_with_its_log_and_nothing_is_left(tmp_path: Path) -> None:
     real = binaries()
     bin_dir = tmp_path / "bin"
@@ -223,7 +211,11 @@ def test_missing_binaries_are_named_with_the_make_target(tmp_path: Path) -> None
         binaries(tmp_path)
 
 
-def test_the_command_line_prints_the_kubeconfig_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
+def test_the_command_line_prints_the_kubeconfig_and_a_stop_leaves_no_process_and_no_port(
+    tmp_path: Path,
+) -> None:
+    """`python -m tools.controlplane up` (the context manager inside it) until SIGTERM: afterwards no
+    process of it is alive and a server could listen on its ports again."""
     binaries()
     cli = subprocess.Popen(
         [
@@ -246,12 +238,16 @@ def test_the_command_line_prints_the_kubeconfig_and_stops_everything_on_sigterm(
         kubeconfig = Path(cli.stdout.readline().strip())
         assert kubeconfig == tmp_path / "admin.kubeconfig"
         server = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        pids = json.loads((tmp_path / "startup.json").read_text())["pids"]
+        startup = json.loads((tmp_path / "startup.json").read_text())
+        pids, ports = startup["pids"], startup["ports"]
+        assert set(pids) == {"etcd", "kube-apiserver"}
         assert all(_alive(pid) for pid in pids.values())
+        assert server.endswith(f":{ports['kube-apiserver']}")
+        assert not _bindable(ports["kube-apiserver"]) and not _bindable(ports["etcd"])
     finally:
         cli.send_signal(signal.SIGTERM)
         _, err = cli.communicate(timeout=60)
     assert cli.returncode == 0, err
     assert "ready in" in err and server in err
     assert not [name for name, pid in pids.items() if _alive(pid)]
-    assert _bindable(int(server.rsplit(":", 1)[1]))
+    assert all(_bindable(port) for port in ports.values())

@@ -5,7 +5,8 @@ priority classes), the controller manager and the scheduler (`/healthz`), then t
 account of the `default` namespace (written by the controller manager's service-account controller: the
 proof that controllers act, and what the ServiceAccount admission plugin needs before any pod of that
 namespace is accepted). Each component's log is `<workdir>/logs/<name>.log`; the seconds each step took
-are in `<workdir>/startup.json`.
+are in `<workdir>/startup.json` with each component's pid and port. Every start is a fresh cluster: the etcd
+data, keys and logs of an earlier start in the same folder are removed first.
 
 Authentication: a static token per user (`--token-auth-file`): `admin` (group system:masters) and the
 controller manager's and scheduler's own users, whose permissions RBAC bootstraps. The admin kubeconfig
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -138,6 +140,14 @@ def running_control_plane(
     exe = binaries(bin_dir)
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    # Every start is a fresh cluster: an earlier run's data, keys or logs in the same folder would pair
+    # a new CA with old service-account tokens in etcd, and etcd with members on other ports.
+    for stale in ("etcd", "pki", "logs", "startup.json"):
+        path = workdir / stale
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
     layout = _layout(workdir)
     token = _credentials(layout)
     ca_file = layout.pki / "ca.crt"
@@ -157,20 +167,22 @@ def running_control_plane(
         seconds["etcd"] = wait_until(etcd, _answers(layout.etcd_url + "/health"), READY_TIMEOUT_S, "healthy")
         api = launch("kube-apiserver", flags.api_server(layout))
         seconds["kube-apiserver"] = wait_until(api, lambda: api_ok("/readyz"), READY_TIMEOUT_S, "ready")
-        chosen = [
-            ("kube-controller-manager", flags.controller_manager(layout), layout.controller_manager_port)
-        ]
-        chosen = chosen if controllers else []
+        clients: list[tuple[str, list[str], int]] = []
+        if controllers:
+            clients.append(
+                ("kube-controller-manager", flags.controller_manager(layout), layout.controller_manager_port)
+            )
         if scheduler:
-            chosen.append(("kube-scheduler", flags.scheduler(layout), layout.scheduler_port))
-        for name, args, port in chosen:
+            clients.append(("kube-scheduler", flags.scheduler(layout), layout.scheduler_port))
+        for name, args, port in clients:
             component = launch(name, args)
             seconds[name] = wait_until(
                 component, _answers(f"https://127.0.0.1:{port}/healthz"), READY_TIMEOUT_S, "healthy"
             )
         if controllers:
+            (controller_manager,) = [c for c in started if c.name == "kube-controller-manager"]
             seconds["default service account"] = wait_until(
-                started[2],
+                controller_manager,
                 lambda: api_ok("/api/v1/namespaces/default/serviceaccounts/default"),
                 READY_TIMEOUT_S,
                 "acting (no default service account in the default namespace)",
@@ -179,6 +191,13 @@ def running_control_plane(
         record = {
             "seconds": {k: round(v, 2) for k, v in seconds.items()},
             "pids": {c.name: c.process.pid for c in started},
+            "ports": {
+                "etcd": layout.etcd_client_port,
+                "etcd-peer": layout.etcd_peer_port,
+                "kube-apiserver": layout.api_port,
+                "kube-controller-manager": layout.controller_manager_port,
+                "kube-scheduler": layout.scheduler_port,
+            },
             "server": layout.server,
         }
         (workdir / "startup.json").write_text(json.dumps(record, indent=2) + "\n")
