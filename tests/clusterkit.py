@@ -94,6 +94,7 @@ class Cluster:
 def kubelet_cluster(plane: ControlPlane, root: Path) -> Iterator[Cluster]:
     """Two GPU nodes (p5.48xlarge) and a system node run by one kubelet, and a namespace of their own;
     the namespace and the nodes are deleted at the end."""
+    _no_pods_waiting_for_gpu_nodes(plane)
     suffix = uuid.uuid4().hex[:6]
     nodes = [gpu_node(f"gpu-{suffix}-0"), gpu_node(f"gpu-{suffix}-1"), system_node(f"system-{suffix}")]
     with ProcessKubelet(plane.kubeconfig, nodes, root, lease_renew_s=1.0, restart_backoff_s=0.5) as kubelet:
@@ -103,3 +104,25 @@ def kubelet_cluster(plane: ControlPlane, root: Path) -> Iterator[Cluster]:
         cl.core.delete_namespace(cl.namespace)
         for node in nodes:
             kubelet.api.delete_node(node.name)
+
+
+def _no_pods_waiting_for_gpu_nodes(plane: ControlPlane, timeout_s: float = 60.0) -> None:
+    """Wait until no pod of another test waits for a GPU node (a trainer pod another module's helm
+    install left Pending, its namespace being deleted): this kubelet's nodes would take it and run it."""
+    core = client.CoreV1Api(config.new_client_from_config(str(plane.kubeconfig)))
+
+    def waiting() -> list[str]:
+        pods = core.list_pod_for_all_namespaces(field_selector="spec.nodeName=").items
+        return [
+            f"{p.metadata.namespace}/{p.metadata.name}"
+            for p in pods
+            if (p.spec.node_selector or {}).get("blueprint.nvrx/node-role") == "gpu"
+        ]
+
+    deadline = time.monotonic() + timeout_s
+    while (left := waiting()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        raise AssertionError(
+            f"pods of other tests wait for GPU nodes and would run on this kubelet's: {left}"
+        )
