@@ -17,8 +17,8 @@ real node lifecycle controller marks it NotReady after its grace period), and th
   replaces it without counting it, within a second;
 - `"vanished"`: nothing is reported and the Node object is deleted, as the cloud node controller does
   when the instance is gone: the real pod garbage collector then marks its pods Failed (DisruptionTarget,
-  DeletionByPodGC) and deletes them, after its 40 s quarantine of a missing node (a replacement ran 67 s after the loss):
-  Kubernetes' own path, at Kubernetes' own pace.
+  DeletionByPodGC) and deletes them, after its 40 s quarantine of a missing node (a replacement ran
+  67 s after the loss): Kubernetes' own path, at Kubernetes' own pace.
 A lost node stays lost (its name is not registered again by this kubelet).
 """
 
