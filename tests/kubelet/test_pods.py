@@ -119,6 +119,7 @@ def test_on_failure_restarts_the_container_until_it_succeeds(cluster: Cluster) -
     assert status.restart_count == 1
     assert status.last_state.terminated.exit_code == 4
     assert cluster.log("retries").strip() == "second"
+    assert "BackOff" in kubelet_events(cluster, "retries")
     assert cluster.log("retries", previous=True).strip() == "first"
 
 
@@ -152,6 +153,7 @@ def test_deletion_sends_sigterm_then_removes_the_pod_and_its_processes(cluster: 
     wait_for("the pod object gone", lambda: cluster.pod("graceful") is None, 30)
     assert out.read_text() == "term\n"
     assert not _alive(pid)
+    assert {"Started", "Killing"} <= kubelet_events(cluster, "graceful")
 
 
 def test_deletion_kills_a_container_that_ignores_sigterm_after_the_grace_period(cluster: Cluster) -> None:
@@ -174,6 +176,16 @@ def test_deletion_kills_a_container_that_ignores_sigterm_after_the_grace_period(
     took = time.monotonic() - started
     assert 2.0 <= took < 15.0, took
     assert not _alive(pid)
+
+
+def kubelet_events(cluster: Cluster, pod: str) -> set[str]:
+    """The reasons of the kubelet's events about `pod`."""
+    events = cluster.core.list_namespaced_event(cluster.namespace).items
+    return {
+        e.reason
+        for e in events
+        if e.involved_object.name == pod and e.source and e.source.component == "kubelet"
+    }
 
 
 def _alive(pid: int) -> bool:

@@ -3,8 +3,10 @@ through the official `kubernetes` client."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +105,27 @@ class KubeletApi:
         for event in stream:
             obj = event["raw_object"]
             yield event["type"], obj
+
+    def record_event(
+        self, pod: Mapping[str, Any], node: str, reason: str, message: str, kind: str = "Normal",
+        field_path: str = "",
+    ) -> None:  # fmt: skip
+        """A kubelet event about `pod` (reason Started, Killing, BackOff, FailedMount as the kubelet
+        names them); an event that cannot be written is dropped, as the kubelet's recorder drops it."""
+        meta = pod["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"],
+                               **({"fieldPath": field_path} if field_path else {})},
+            "reason": reason, "message": message, "type": kind, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now,
+            "source": {"component": "kubelet", "host": node}, "reportingComponent": "kubelet",
+            "reportingInstance": node,
+        }  # fmt: skip
+        with contextlib.suppress(ApiException):
+            self.core.create_namespaced_event(meta["namespace"], body)
 
     # -- nodes ----------------------------------------------------------------------------------
     def create_or_replace_node(self, node: Mapping[str, Any]) -> str:

@@ -194,6 +194,8 @@ class PodWorker(threading.Thread):
                     changed = True
                     if self._restarts(state):
                         due[state.name] = time.monotonic() + self._backoff(state)
+                        self._event("BackOff", f"Back-off restarting failed container {state.name}",
+                                    "Warning", state.name)  # fmt: skip
             for name, when in list(due.items()):
                 if time.monotonic() >= when:
                     del due[name]
@@ -226,6 +228,7 @@ class PodWorker(threading.Thread):
                 )
                 return True
             except VolumeError as exc:
+                self._event("FailedMount", str(exc), "Warning")
                 for state in [*self.init, *self.main]:
                     state.state = waiting("ContainerCreating", f"FailedMount: {exc}")
                 self._post()
@@ -266,6 +269,7 @@ class PodWorker(threading.Thread):
             )
             proc.start()
         except (EnvError, OSError) as exc:
+            self._event("Failed", f"Error: {exc}", "Warning", state.name)
             state.state = terminated(START_ERROR_EXIT, started, "StartError", str(exc))
             state.pid = None
             self._start_failed.add(state.name)
@@ -274,6 +278,7 @@ class PodWorker(threading.Thread):
             self._runs[state.name] = _Run(proc)
         state.state = running(started)
         state.pid = proc.pid
+        self._event("Started", f"Started container {state.name}", container=state.name)
 
     def _command(self, spec: Mapping[str, Any]) -> tuple[list[str], dict[str, str], Path]:
         env = container_env(self.pod, spec, read_data=self.ctx.api.read_data, host_ip=HOST_IP, pod_ip=POD_IP)
@@ -349,7 +354,8 @@ class PodWorker(threading.Thread):
     def _terminate(self, grace_s: float) -> None:
         with self._lock:
             runs = dict(self._runs)
-        for run in runs.values():
+        for name, run in runs.items():
+            self._event("Killing", f"Stopping container {name}", container=name)
             with _quiet():
                 os.kill(run.pod.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -366,6 +372,16 @@ class PodWorker(threading.Thread):
             runs = list(self._runs.values())
         for run in runs:
             run.pod.kill()
+
+    def _event(self, reason: str, message: str, kind: str = "Normal", container: str = "") -> None:
+        names = {c["name"]: f"spec.containers{{{c['name']}}}" for c in self.pod["spec"]["containers"]}
+        names.update(
+            {
+                c["name"]: f"spec.initContainers{{{c['name']}}}"
+                for c in self.pod["spec"].get("initContainers") or []
+            }
+        )
+        self.ctx.api.record_event(self.pod, self.ctx.node, reason, message, kind, names.get(container, ""))
 
     # -- status ------------------------------------------------------------------------------------
     def _post(self, reason: str = "") -> None:
