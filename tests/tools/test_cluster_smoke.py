@@ -316,6 +316,22 @@ def test_streams_the_trainer_logs_to_files(cluster: Cluster, tmp_path: Path) -> 
         assert log.read_text() == f"pod {index} step 0\npod {index} step 59\n"
 
 
+def test_reads_the_logs_of_pods_that_ended_before_it_watched(cluster: Cluster, tmp_path: Path) -> None:
+    """Short pods may end before the pod watch starts (the Job is looked up first): their logs are read
+    whole all the same."""
+
+    def install_and_wait(cl: Cluster) -> None:
+        cl.batch.create_namespaced_job(cl.namespace, trainer_job(JOB, RELEASE))
+        wait_for("both pods ended", lambda: sum(
+            p.status.phase == "Succeeded" for p in cl.core.list_namespaced_pod(
+                cl.namespace, label_selector=f"job-name={JOB}").items) == 2)  # fmt: skip
+
+    rc, _ = run_smoke(cluster, (install_and_wait, summary()), tmp_path)
+    assert rc == 0
+    logs = sorted((tmp_path / "logs").glob(f"{JOB}-*.log"))
+    assert [log.read_text().splitlines()[-1].split()[-1] for log in logs] == ["59", "59"]
+
+
 @pytest.mark.parametrize(
     ("run_summary", "reason"),
     [
