@@ -32,9 +32,9 @@ smoke pods pending: the tool refuses to start then, unless --suspend-running, wh
 
 Not yet run against EKS: its tests (tests/tools/test_cluster_smoke.py) drive it against a real API server,
 controller manager and scheduler (tools/controlplane) whose pods a process kubelet runs (tools/kubelet):
-watches, events, pod logs through the API server's `pods/log`, Job suspension. `--render-only` prints the smoke release's manifests
-(helm template) touching no cluster. Exit codes: 0 both tiers recovered, 1 they did not (or the run
-failed), 2 usage or environment error.
+watches, events, pod logs through the API server's `pods/log`, Job suspension. `--render-only` prints
+the smoke release's manifests (helm template) touching no cluster. Exit codes: 0 both tiers recovered,
+1 they did not (or the run failed), 2 usage or environment error.
 """
 
 from __future__ import annotations
