@@ -25,7 +25,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup controlplane prometheus synth test test-fast soak lint demo bench bench-quick smoke-render cluster-smoke clean
+.PHONY: help setup controlplane prometheus synth test test-fast soak lint demo demo-cluster demo-compare bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -113,6 +113,12 @@ lint: setup ## ruff and mypy
 
 demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU, report
 	$(PY) -m tools.demo --teams $(TEAMS)
+
+demo-cluster: setup controlplane ## The demo's run as a Job of the installed chart on a real control plane (tools/controlplane) and a process kubelet
+	$(PY) -m tools.demo_cluster --teams $(TEAMS)
+
+demo-compare: setup controlplane ## The stand-in demo and the real-control-plane demo in one run, their figures side by side
+	$(PY) -m tools.demo_cluster --teams $(TEAMS) --compare
 
 bench: setup ## Benchmarks: recovery, node loss, checkpoint stall, snapshots, synth, scale, planner (~55 min on 2 cores); results in bench/results/
 	$(PY) -m bench

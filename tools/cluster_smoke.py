@@ -30,10 +30,11 @@ A training Job of another release holding the GPU nodes (the infra release start
 smoke pods pending: the tool refuses to start then, unless --suspend-running, which suspends those Jobs
 (their pods stop; they resume from their last checkpoint) and resumes them at the end.
 
-Not yet run against a real cluster: its tests drive the real client against a local HTTP endpoint that
-serves the API paths it calls (tests/tools/). `--render-only` prints the smoke release's manifests
-(helm template) touching no cluster. Exit codes: 0 both tiers recovered, 1 they did not (or the run
-failed), 2 usage or environment error.
+Not yet run against EKS: its tests (tests/tools/test_cluster_smoke.py) drive it against a real API server,
+controller manager and scheduler (tools/controlplane) whose pods a process kubelet runs (tools/kubelet):
+watches, events, pod logs through the API server's `pods/log`, Job suspension. `--render-only` prints
+the smoke release's manifests (helm template) touching no cluster. Exit codes: 0 both tiers recovered,
+1 they did not (or the run failed), 2 usage or environment error.
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ VENV_BIN = Path(sys.executable).parent
 RELEASE = "trainer"
 TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
 REPLACE_DELAY_S = 20.0
+STAND_IN_NOTE = (
+    "this run used the local stand-in (tools/localjob.py plays the Job controller and the rendezvous "
+    "Deployment); `make demo-cluster` runs it on a real control plane"
+)
 
 
 def say(message: str) -> None:
@@ -491,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     say("4/4 report")
     result = report(out / "fsx" / "runs", out, job_ok, int(pod.trainer.env["NPROC_PER_NODE"]))
     faults_ok = bool(result["faults"]) and all(f["recovered"] for f in result["faults"])
+    say(STAND_IN_NOTE)
     return 0 if job_ok and faults_ok else 1
 
 

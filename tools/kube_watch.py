@@ -215,7 +215,9 @@ class Kube:
             if (e.pod, e.container) not in exits:
                 exits[(e.pod, e.container)] = e
                 self.log(f"  {e.describe()}")
-        if phase == "Running" and name not in following and self.logs_dir is not None:
+        # A pod seen only after it ended (a short one, or one that ended before the watch began) has its
+        # log read whole, when its trainer container ran at all.
+        if (phase == "Running" or _trainer_ran(pod)) and name not in following and self.logs_dir is not None:
             following.add(name)
             self._spawn_log(name, feed)
         return phase not in ("Pending", "Unknown")
@@ -283,6 +285,13 @@ class Kube:
         deadline = time.monotonic() + timeout_s
         for thread in self._log_threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _trainer_ran(pod: client.V1Pod) -> bool:
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return any(
+        s.name == "trainer" and s.state is not None and s.state.terminated is not None for s in statuses
+    )
 
 
 def _about(event: client.CoreV1Event, job: str) -> bool:

@@ -74,6 +74,8 @@ class LocalPod:
     env: Mapping[str, str]
     log_path: Path
     marker: str = field(default_factory=lambda: uuid.uuid4().hex)
+    cwd: Path | None = None
+    """The working directory (None: this process's)."""
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
 
@@ -85,7 +87,12 @@ class LocalPod:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in wait()/kill()
         env = {**LOCAL_POD_ENV, **self.env, POD_MARKER_ENV: self.marker}
         self._proc = subprocess.Popen(
-            list(self.argv), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            list(self.argv),
+            env=env,
+            cwd=self.cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     @property

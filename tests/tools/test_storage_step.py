@@ -1,27 +1,28 @@
 """The smoke run's storage step: several probe processes at once against a local directory ("nodes"),
 measured against the sizing's expectation (pass, and a fail with the numbers); the judging of per-node and
-aggregate figures; the probe Job on the cluster through the real `kubernetes` client and the local API."""
+aggregate figures; the probe Job on the cluster through the real `kubernetes` client, the real API
+server and the process kubelet."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes import client
 
 from sizing import size
 from sizing.teamfile import find_team, team_inputs
+from tests.clusterkit import Cluster, kubelet_cluster, wait_for
 from tests.helpers import REPO_ROOT
-from tests.tools.kube_api import FakeKubeApi
 from tools import cluster_smoke as cs
+from tools.controlplane.launch import ControlPlane
 from tools.kube_watch import Kube
 from tools.smoke_plan import (
     StorageExpectation,
@@ -147,44 +148,52 @@ def test_the_probe_job_is_a_valid_manifest_with_the_probe_command() -> None:
     assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == "p5.48xlarge"
 
 
-def test_cluster_storage_step_through_the_api(tmp_path: Path) -> None:
-    """The probe Job is created, its pods' lines read and judged, and the Job deleted."""
-    ns = "team-a"
+@pytest.fixture
+def cluster(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with kubelet_cluster(control_plane, tmp_path_factory.mktemp("nodes")) as cl:
+        yield cl
 
-    def on_create(body: dict[str, Any]) -> None:
-        name, labels = body["metadata"]["name"], body["metadata"]["labels"]
-        for n in range(2):
-            pod_name = f"{name}-{n}-x"
-            api.logs[(pod_name, "probe")] = "starting\n" + json.dumps(result(f"gpu-{n}", 350, 500)) + "\n"
-            status = client.V1ContainerStatus(
-                name="probe", image="t", image_id="", ready=False, restart_count=0,
-                state=client.V1ContainerState(
-                    terminated=client.V1ContainerStateTerminated(exit_code=0, reason="Completed")
-                ),
-            )  # fmt: skip
-            api.add(
-                "pod", "ADDED",
-                client.V1Pod(api_version="v1", kind="Pod",
-                             metadata=client.V1ObjectMeta(name=pod_name, labels=labels),
-                             status=client.V1PodStatus(phase="Succeeded", container_statuses=[status])),
-                after_s=0.1,
-            )  # fmt: skip
-        done = json.loads(json.dumps(body))
-        done["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
-        api.add(
-            "job", "MODIFIED", api._serializer.deserialize(json.dumps(done), "V1Job", "application/json"), 0.3
-        )
 
-    with FakeKubeApi(ns) as api:
-        api.on_create = on_create
-        kube = Kube(api.api_client(), ns, log=lambda _: None, logs_dir=tmp_path / "logs")
-        args = argparse.Namespace(
-            release="trainer-smoke", storage_start_slack=60.0, storage_time_limit=30.0, start_timeout=20.0
-        )
-        exp = StorageExpectation(2, 8, 10**8, 600, 600)
-        verdict = cs.cluster_storage_step(args, kube, BASE, exp, "run-1")
+def shared_storage(cl: Cluster, claim: str, account: str) -> None:
+    """The team's FSx claim as a statically bound volume (the kubelet maps its path to one folder every
+    node shares), and the trainer's service account."""
+    pv = f"{cl.namespace}-fsx"
+    cl.core.create_persistent_volume(
+        {"metadata": {"name": pv},
+         "spec": {"capacity": {"storage": "1200Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": f"/{pv}"},
+                  "claimRef": {"namespace": cl.namespace, "name": claim}}}
+    )  # fmt: skip
+    cl.core.create_namespaced_persistent_volume_claim(
+        cl.namespace,
+        {"metadata": {"name": claim},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                  "resources": {"requests": {"storage": "1200Gi"}}}},
+    )  # fmt: skip
+    cl.core.create_namespaced_service_account(cl.namespace, {"metadata": {"name": account}})
+
+
+def test_cluster_storage_step_through_the_api(cluster: Cluster, tmp_path: Path) -> None:
+    """The probe Job is created on the real API server, its pods (the real probe, one per node: the
+    scheduler honours its anti-affinity) run by the process kubelet on the shared claim, their lines read
+    through pods/log and judged, and the Job deleted."""
+    shared_storage(cluster, BASE["storage"]["claimName"], BASE["serviceAccountName"])
+    kube = Kube(cluster.api, cluster.namespace, log=lambda _: None, logs_dir=tmp_path / "logs")
+    args = argparse.Namespace(
+        release="trainer-smoke", storage_start_slack=3.0, storage_time_limit=30.0, start_timeout=60.0
+    )
+    exp = StorageExpectation(2, 2, 2 * 10**6, 0.2, 0.2)  # 2 nodes x 2 files of 2 MB; any disk passes
+    verdict = cs.cluster_storage_step(args, kube, BASE, exp, "run-1")
     assert verdict.ok, verdict.lines
-    assert "storage node gpu-1: write 350.0 MB/s, read 500.0 MB/s" in "\n".join(verdict.lines)
-    (created,) = api.created
-    assert created["metadata"]["labels"]["app.kubernetes.io/instance"] == "trainer-smoke-storage"
-    assert api.deleted == [created["metadata"]["name"]]
+    text = "\n".join(verdict.lines)
+    nodes = sorted(n for n in cluster.kubelet.nodes if n.startswith("gpu-"))
+    for node in nodes:
+        assert f"storage node {node}: write " in text
+    assert "storage aggregate of 2 nodes" in text
+    # The probes worked under the claim's folder (and removed their files).
+    assert (cluster.kubelet.storage_root / f"{cluster.namespace}-fsx" / "smoke/storage/run-1").is_dir()
+    wait_for(
+        "the probe Job deleted",
+        lambda: not cluster.batch.list_namespaced_job(cluster.namespace).items,
+        30,
+    )
