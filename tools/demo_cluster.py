@@ -54,7 +54,7 @@ from tools.cluster_smoke import fullname as cs_fullname
 from tools.controlplane.launch import ControlPlane, running_control_plane
 from tools.kubelet.kubelet import ProcessKubelet
 from tools.kubelet.nodes import gpu_node, system_node
-from trainer.ports import free_port
+from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 HELM = REPO / ".tools" / "bin" / "helm"
