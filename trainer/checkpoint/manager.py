@@ -60,10 +60,11 @@ from trainer.checkpoint.from_snapshot import FromSnapshot, MetasCache
 from trainer.checkpoint.lease import Lease, job_uid
 from trainer.checkpoint.local_tier import LocalTier
 from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
-from trainer.checkpoint.state import build_save_dict, fingerprint, tensor_bytes
 from trainer.config.errors import UnrecoverableError
 from trainer.resilience.progress import write_iteration_file
 from trainer.security.keys import checkpoint_key
+from trainer.state import cadence
+from trainer.state.save_dict import build_save_dict, fingerprint, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -225,8 +226,8 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------------------------------- policy
     def should_save(self, step: int, last_step: int = -1) -> bool:
-        """policy.is_due: at the interval, and after the run's last step."""
-        return policy.is_due(step, self.cfg.interval_steps, last_step)
+        """cadence.is_due: at the interval, and after the run's last step."""
+        return cadence.is_due(step, self.cfg.interval_steps, last_step)
 
     # ------------------------------------------------------------------------------------------- save
     def save(

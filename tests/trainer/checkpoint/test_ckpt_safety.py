@@ -96,7 +96,7 @@ def _save_steps(root: Path, state: dict[str, Any], steps: range, **kw: Any) -> N
 
 # ----------------------------------------------------------------------------------- 1: the last steps
 def test_policy_saves_the_last_step_whatever_the_interval() -> None:
-    from trainer.checkpoint.policy import is_due
+    from trainer.state.cadence import is_due
 
     assert [s for s in range(10) if is_due(s, 4, last_step=9)] == [3, 7, 9]
     assert [s for s in range(60) if is_due(s, 8, last_step=59)][-2:] == [55, 59]  # the demo's last 4 steps

@@ -123,7 +123,7 @@ def test_a_second_job_on_a_claimed_directory_stops_with_one_line(
 def test_a_run_whose_checkpoint_directory_was_deleted_never_restores_old_nvme_steps(
     one_rank: Any, tmp_path: Path
 ) -> None:
-    from trainer.snapshot.restore import restore
+    from trainer.recovery.restore import restore
 
     cfg = CheckpointConfig(dir=tmp_path / "fsx" / "run", mode="sync", interval_steps=1,
                            local_dir=tmp_path / "nvme" / "run")  # fmt: skip
