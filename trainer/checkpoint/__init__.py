@@ -1,7 +1,10 @@
 """Atomic, reshardable, asynchronous DCP checkpoints with keep-latest-k and resume with fallback.
 
 - config.py:   CheckpointConfig, the one checkpoint configuration, and the CLI options made from it.
-- manager.py:  CheckpointManager: save / maybe_finalize / wait / abort / restore / close, the commit protocol.
+- manager.py:  CheckpointManager: save / maybe_finalize / wait / abort / restore / close, what callers hold;
+               it claims the directory and composes the two halves below over one context (context.py).
+- saver.py:    CheckpointSaver, the save-and-commit half: write, agree, commit atomically (the protocol).
+- committed.py: CommittedCheckpoints, the restore-and-retention half: the newest that loads, retention.
 - resume.py:   restore_newest: the newest committed checkpoint that loads, agreed by every rank.
 - loop.py:     CheckpointLoop: the training loop's side of it (when to save, failures, resume policy).
 - policy.py:   pure rules: when a pending save is polled, what retention deletes (which steps save:
@@ -35,10 +38,10 @@ _EXPORTS = {
     "CheckpointWriteError": "trainer.checkpoint.errors",
     "NoLoadableCheckpoint": "trainer.checkpoint.errors",
     "CheckpointFailuresExceeded": "trainer.checkpoint.errors",
-    "CheckpointHooks": "trainer.checkpoint.manager",
+    "CheckpointHooks": "trainer.checkpoint.saver",
     "CheckpointManager": "trainer.checkpoint.manager",
     "RestoreResult": "trainer.checkpoint.resume",
-    "SaveResult": "trainer.checkpoint.manager",
+    "SaveResult": "trainer.checkpoint.saver",
     "SkippedCheckpoint": "trainer.checkpoint.resume",
     "CheckpointLoop": "trainer.checkpoint.loop",
 }
@@ -49,6 +52,9 @@ _MODULES: tuple[str, ...] = (
     "policy",
     "backends",
     "manager",
+    "saver",
+    "committed",
+    "context",
     "resume",
     "loop",
     "errors",

@@ -1,4 +1,4 @@
-"""CheckpointManager: save (async per mode), commit atomically, keep the latest k, resume with fallback.
+"""The save-and-commit half of a CheckpointManager (manager.py): save (async per mode), commit atomically.
 
 Collective contract: every rank calls save / maybe_finalize / wait / restore at the same points (the
 loop calls maybe_finalize after every step; it asks the other ranks only at the steps policy.poll_due
@@ -21,15 +21,12 @@ Life of one save (at most one is in flight; a new save first finishes the previo
   3. commit (all ranks): hooks.before_commit(step) runs on every rank, then rank 0 gathers the file
      lists (and NVRx's write results, from which it writes the DCP .metadata), writes MANIFEST.json,
      renames the directory to step_<N> (the moment it becomes visible), applies retention
-     (policy.to_delete) and emits `ckpt_commit`. Every wait is bounded by write_timeout_s or the
-     group's timeout.
+     (committed.py, policy.to_delete) and emits `ckpt_commit`. Every wait is bounded by write_timeout_s
+     or the group's timeout.
 With a node-local tier (cfg.local_dir) the shards are written there instead, and step 3 comes twice:
 first the local seal (drain.py: .metadata to every node, each rank's seal, then each rank copies its
 files into the temp directory in the background), then, once every rank's copy is polled done like a
 write, the commit above. before_commit runs before the first of the two.
-
-restore() tries committed checkpoints newest first (resume.py); a failed load is rolled back
-(state.Rollback), so the next candidate, or a fresh start, begins from exactly the state the caller built.
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +49,11 @@ from torch.distributed.checkpoint import CheckpointException
 from trainer.checkpoint import layout, policy
 from trainer.checkpoint.backends import TorchAsyncBackend, make_backend
 from trainer.checkpoint.committer import BackgroundCommit
-from trainer.checkpoint.config import CheckpointConfig
+from trainer.checkpoint.context import CheckpointContext
 from trainer.checkpoint.drain import SaveToSeal, SealGroup, seal_and_drain
 from trainer.checkpoint.errors import CheckpointWriteError
 from trainer.checkpoint.from_snapshot import FromSnapshot, MetasCache
-from trainer.checkpoint.lease import Lease, job_uid
-from trainer.checkpoint.local_tier import LocalTier
-from trainer.checkpoint.resume import RestoreResult, restore_newest, try_load
-from trainer.config.errors import UnrecoverableError
 from trainer.resilience.progress import write_iteration_file
-from trainer.security.keys import checkpoint_key
-from trainer.state import cadence
 from trainer.state.save_dict import build_save_dict, fingerprint, tensor_bytes
 
 log = logging.getLogger(__name__)
@@ -112,54 +102,28 @@ class _Pending:
     """The backend writing it: the manager's, or its FromSnapshot wrapper (a save from a snapshot)."""
 
 
-class CheckpointManager:
-    """Atomic, reshardable DCP checkpoints of {"model", "optim", <Stateful>...} for one rank."""
+class CheckpointSaver:
+    """One rank's saves: at most one in flight, written by the backend, agreed, committed (or sealed on
+    the local tier and drained first)."""
 
     BLOCKING_POLL_S = (0.05, 0.5)
     """A blocking wait's first and longest local wait between two agreement rounds (doubling between)."""
 
     def __init__(
         self,
-        cfg: CheckpointConfig,
+        ctx: CheckpointContext,
         *,
-        rank: int,
-        world_size: int,
-        process_group: dist.ProcessGroup | None = None,
-        hooks: CheckpointHooks | None = None,
-        events: Any = None,
-        commit_in_background: bool = False,
-        start_writers_later: bool = False,
+        hooks: CheckpointHooks,
+        events: Any,
+        retain: Callable[[Path], list[Path]],
+        commit_in_background: bool,
+        start_writers_later: bool,
     ) -> None:
-        """`commit_in_background`: an asynchronous save's agreement, seal and commit run in a thread of
-        their own (committer.py) instead of in the caller's maybe_finalize calls; the caller's wait(),
-        its next save and restore join that thread. The training loop sets it; maybe_finalize then
-        does nothing. `start_writers_later`: NVRx's worker starts at start_writers() (the loop calls it
-        after the first step of each attempt), not while the process builds and restores."""
-        if not dist.is_initialized():
-            raise RuntimeError("CheckpointManager needs an initialized default process group")
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.hooks = hooks or CheckpointHooks()
-        self.events = events
-        self.local = (  # the node-local tier: written first, sealed, drained to cfg.dir (local_tier.py)
-            LocalTier(cfg.local_dir, rank=rank, world_size=world_size, keep=cfg.keep_latest)
-            if cfg.local_dir is not None
-            else None
-        )
-        key = self.key  # read at start: a missing or bad key file stops the run in one line, not every commit
-        if self.local is not None:
-            self.local.key = key  # seals are signed and verified like manifests
-        self._owns_pg = process_group is None
-        self._pg: dist.ProcessGroup | None = process_group or dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=cfg.collective_timeout_s)
-        )
-        # The writer gets a group of its own: torch-async runs DCP's collectives (planning, metadata) in a
-        # background thread, and two threads issuing collectives on one gloo group pair them up in a
-        # different order on different ranks (a finalize all_reduce met a peer's planning gather and both
-        # timed out, with no fault at all). Its timeout is the write's: DCP gathers the write results
-        # after each rank's write, so a rank whose write is done waits there for the slowest peer's.
-        self._write_pg: dist.ProcessGroup | None = dist.new_group(
-            backend="gloo", timeout=timedelta(seconds=max(cfg.collective_timeout_s, cfg.write_timeout_s))
-        )
+        """`retain`: retention after each commit (CommittedCheckpoints.retain, rank 0). The other
+        arguments are CheckpointManager's. The writers are built here: after the directory is claimed."""
+        self.ctx, self.cfg, self.rank, self.world_size = ctx, ctx.cfg, ctx.rank, ctx.world_size
+        self.hooks, self.events, self._retain = hooks, events, retain
+        self.local = ctx.local
         self._pending: _Pending | None = None
         self.commit_in_background = commit_in_background
         self._committer: BackgroundCommit | None = None
@@ -167,23 +131,14 @@ class CheckpointManager:
         self._commit_lock = threading.Lock()
         """Held by rank 0 around its commit's file work, so that an abort never discards a temp directory
         that a background commit is renaming (abort takes it; a cancelled commit writes nothing)."""
-        self._fingerprint: str | None = None
-        self._unloadable: set[str] = set()  # committed checkpoints that failed to load in this process
         self.committed_step = -1
         """Step of the newest checkpoint this manager committed (-1: none yet)."""
         self.polls = 0
         """Cross-rank agreements on pending saves so far (each one all_reduce)."""
         self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-crc")
-        if rank == 0:
-            cfg.dir.mkdir(parents=True, exist_ok=True)
-        self.lease = Lease(cfg.dir, job_uid())
-        # Before any step, and before the writers: a directory another live job holds stops the run, and
-        # a run that stops here has started no helper process (NVRx's worker and its write-results
-        # Manager) that its exit would have to wait for (a fresh-clone `make test` saw a refused job still
-        # alive after 120 s, its exit waiting on the Manager's start-up).
-        self.lineage = self._claim()
+        cfg = self.cfg
         self._backend = make_backend(
-            cfg.mode, cfg.write_timeout_s, self.hooks.progress, start_worker=not start_writers_later
+            cfg.mode, cfg.write_timeout_s, hooks.progress, start_worker=not start_writers_later
         )
         self._from_snapshot = (  # saves that reuse the snapshot of their step (from_snapshot.py)
             FromSnapshot(
@@ -194,40 +149,12 @@ class CheckpointManager:
             if self._backend.reuses_snapshots
             else None
         )
-        if self.local is not None:
-            self.local.lineage, self.local.job = self.lineage, self.lease.job
-            self.local.prune_foreign()
-
-    def _claim(self) -> str:
-        """Rank 0 claims the directory (lease.py); every rank learns the lineage, or raises the one line
-        that names the job holding it."""
-        verdict: list[Any] = [None]
-        if self.rank == 0:
-            try:
-                self.lease.claim()
-                self.lease.start_heartbeat()
-                verdict[0] = ("ok", self.lease.job, self.lease.lineage)
-            except UnrecoverableError as exc:
-                verdict[0] = ("refused", exc.why, "")
-        dist.broadcast_object_list(verdict, src=self._global_rank0(), group=self._group())
-        kind, what, lineage = verdict[0]
-        if kind != "ok":
-            self._hasher.shutdown(wait=False)
-            self._destroy_groups()
-            raise UnrecoverableError("ckpt_dir", what)
-        self.lease.job = what
-        return str(lineage)
 
     def start_writers(self) -> None:
         """Start the writers' helper processes (NVRx's worker) if they are not started yet; cheap after."""
         start = getattr(self._backend, "start_worker", None)
         if start is not None:
             start()
-
-    # ----------------------------------------------------------------------------------------- policy
-    def should_save(self, step: int, last_step: int = -1) -> bool:
-        """cadence.is_due: at the interval, and after the run's last step."""
-        return cadence.is_due(step, self.cfg.interval_steps, last_step)
 
     # ------------------------------------------------------------------------------------------- save
     def save(
@@ -245,20 +172,20 @@ class CheckpointManager:
         t0 = time.perf_counter()
         if self._pending is not None or self._committer is not None:
             self.wait()
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint(state)
+        if self.ctx.fingerprint is None:
+            self.ctx.fingerprint = fingerprint(state)
         tmp = self.cfg.dir / layout.temp_name(step)
         if self.rank == 0:
             layout.discard(tmp)  # a leftover of an interrupted save of the same step
             tmp.mkdir(parents=True)
         if self._reuses(snapshot, step):
             return self._save_from_snapshot(step, snapshot, tmp, t0, awaited)
-        dist.barrier(group=self._pg)  # nobody writes into tmp before it is fresh
+        dist.barrier(group=self.ctx.group())  # nobody writes into tmp before it is fresh
         sd = build_save_dict(state, self.rank)
         nbytes = tensor_bytes(sd)
         src = self.local.begin(step, sd) if self.local is not None else tmp
         try:
-            token = self._backend.start(sd, src, self._writer_group())
+            token = self._backend.start(sd, src, self.ctx.writer_group())
         except BaseException as exc:  # also the Wrapper's asynchronous restart landing mid-write
             self._backend.abort()
             if self.rank == 0:
@@ -292,7 +219,7 @@ class CheckpointManager:
             begin = functools.partial(local.begin, step)  # in the thread: the staged copy's values
         try:
             token = self._from_snapshot.start(
-                snapshot, metas, src, self._writer_group(), begin, in_process=awaited
+                snapshot, metas, src, self.ctx.writer_group(), begin, in_process=awaited
             )
         except BaseException:
             self._from_snapshot.abort()
@@ -409,10 +336,10 @@ class CheckpointManager:
             state, reason = self._local_state(p, wait_s=pause)
             self.polls += 1
             flags = torch.tensor([state == "pending", state == "failed"], dtype=torch.int64)
-            dist.all_reduce(flags, group=self._group())
+            dist.all_reduce(flags, group=self.ctx.group())
             if flags[1] > 0:
                 reasons: list[Any] = [None] * self.world_size
-                dist.all_gather_object(reasons, reason, group=self._group())
+                dist.all_gather_object(reasons, reason, group=self.ctx.group())
                 self._fail(p, "; ".join(str(r) for r in reasons if r))
             if flags[0] == 0:
                 break
@@ -447,14 +374,14 @@ class CheckpointManager:
             except CheckpointWriteError as exc:
                 payload["error"] = f"rank {self.rank}: {exc}"
         gathered: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(payload, gathered, dst=self._global_rank0(), group=self._group())
+        dist.gather_object(payload, gathered, dst=self.ctx.global_rank0(), group=self.ctx.group())
         outcome: list[Any] = [None]
         if self.rank == 0:
             assert gathered is not None
             with self._commit_lock:
                 aborted = p.cancel.is_set()  # aborted in teardown while this commit ran in its thread
                 outcome[0] = (False, "aborted") if aborted else self._write_commit(p, gathered)
-        dist.broadcast_object_list(outcome, src=self._global_rank0(), group=self._group())
+        dist.broadcast_object_list(outcome, src=self.ctx.global_rank0(), group=self.ctx.group())
         self._pending = None
         ok, detail = outcome[0]
         if not ok:
@@ -481,21 +408,14 @@ class CheckpointManager:
             stray = sorted({q.name for q in p.tmp.iterdir()} - set(files))
             if stray:
                 raise CheckpointWriteError(f"files no rank accounted for: {', '.join(stray)}")
-            assert self._fingerprint is not None
+            ctx = self.ctx
+            assert ctx.fingerprint is not None
             extra: dict[str, Any] = {"world_size": self.world_size, "mode": self.cfg.mode}
-            extra.update({layout.OWNER: self.lease.job, layout.LINEAGE: self.lineage})
+            extra.update({layout.OWNER: ctx.lease.job, layout.LINEAGE: ctx.lineage})
             final = layout.commit(
-                p.tmp, p.step, files, {**extra, layout.FINGERPRINT: self._fingerprint}, key=self.key
+                p.tmp, p.step, files, {**extra, layout.FINGERPRINT: ctx.fingerprint}, key=ctx.key
             )
-            deleted = layout.apply_retention(
-                self.cfg.dir,
-                self.cfg.keep_latest,
-                just_committed=final,
-                fingerprint=self._fingerprint,
-                unloadable=self._unloadable,
-                lineage=self.lineage,
-            )
-            log.debug("retention deleted %s", [str(d) for d in deleted])
+            self._retain(final)
             write_iteration_file(self.cfg.dir, p.step)  # ft_launcher's progress tracker reads it
         except Exception as exc:
             layout.discard(p.tmp)
@@ -511,89 +431,39 @@ class CheckpointManager:
             )
         return True, str(final)
 
-    # ------------------------------------------------------------------------------------------- load
-    def restore(self, state: dict[str, Any]) -> RestoreResult:
-        """Load the newest committed checkpoint that loads into `state` (see resume.restore_newest)."""
-        if self._pending is not None or self._committer is not None:
-            self.wait()
-        self._fingerprint = fingerprint(state)
-        return restore_newest(
-            state,
-            self.cfg.dir,
-            rank=self.rank,
-            world_size=self.world_size,
-            group=self._group(),
-            model_fingerprint=self._fingerprint,
-            unloadable=self._unloadable,
-            key=self.key,
-        )
-
-    load_latest = restore  # the earlier name
-
-    def load_from(
-        self, path: Path, state: dict[str, Any], planner: Any = None, *, metadata_sha256: str | None = None
-    ) -> str | None:
-        """Load the checkpoint in `path` into `state` (a collective): None, or the error every rank got."""
-        return try_load(
-            path, state, self.rank, self.world_size, self._group(), planner, metadata_sha256=metadata_sha256
-        )
-
-    @functools.cached_property
-    def key(self) -> bytes:
-        """The checkpoint key that signs and verifies manifests and seals (docs/design.md Contract 5)."""
-        return checkpoint_key(self.cfg.dir)
-
     @property
     def pending_step(self) -> int:
         """Step of the save in flight (-1: none)."""
         return self._pending.step if self._pending is not None else -1
 
-    def latest_committed_path(self) -> Path | None:
-        """The newest committed checkpoint directory (not verified), or None."""
-        candidates, _ = layout.scan(self.cfg.dir)
-        return candidates[0].path if candidates else None
+    @property
+    def busy(self) -> bool:
+        """A save is pending or its background commit still runs (wait() finishes it)."""
+        return self._pending is not None or self._committer is not None
 
     # ------------------------------------------------------------------------------------------ close
     def close(self) -> None:
-        """Release workers and the group. A save still pending is abandoned (its temp dir is never loaded).
-
-        No collectives here: close runs in teardown after a fault, when peers may be gone.
-        """
-        t0 = time.perf_counter()
+        """Abandon a pending save (its temp dir is never loaded) and release the writers. No collectives."""
         self.abort()
-        self.lease.stop()  # the heartbeat; the lease itself stays until it is released or goes stale
         self._backend.close(timeout_s=5.0)
         if self._from_snapshot is not None:
             self._from_snapshot.close(timeout_s=5.0)
         self._hasher.shutdown(wait=False, cancel_futures=True)
-        self._destroy_groups()
-        log.debug("checkpoint manager closed in %.3f s", time.perf_counter() - t0)
 
     # ---------------------------------------------------------------------------------------- helpers
-    def _destroy_groups(self) -> None:
-        groups = [self._write_pg] + ([self._pg] if self._owns_pg else [])
-        for group in groups:
-            if group is None:
-                continue
-            try:
-                dist.destroy_process_group(group)
-            except Exception as exc:  # the default group may be gone already
-                log.debug("destroying a checkpoint group: %s", exc)
-        self._pg = self._write_pg = None
-
     def _seal(self, p: _Pending) -> None:
         """Seal the written save on the local tier and start its drain (drain.py); a save that cannot be
         sealed is aborted like a failed write."""
-        assert self.local is not None and self._fingerprint is not None
+        assert self.local is not None and self.ctx.fingerprint is not None
         assert p.files is not None and p.src is not None
         group = SealGroup(
             rank=self.rank,
             world_size=self.world_size,
-            group=self._group(),
-            root=self._global_rank0(),
+            group=self.ctx.group(),
+            root=self.ctx.global_rank0(),
             backend=p.backend,
             local=self.local,
-            fingerprint=self._fingerprint,
+            fingerprint=self.ctx.fingerprint,
             copier=self._hasher,
         )
         save = SaveToSeal(p.step, p.token, p.files.result(), p.src, p.tmp, p.cancel)
@@ -603,16 +473,3 @@ class CheckpointManager:
             self._abort_pending()
             raise
         p.phase, p.calls, p.files = "drain", 0, drain
-
-    def _group(self) -> dist.ProcessGroup:
-        if self._pg is None:
-            raise RuntimeError("CheckpointManager is closed")
-        return self._pg
-
-    def _writer_group(self) -> dist.ProcessGroup:
-        if self._write_pg is None:
-            raise RuntimeError("CheckpointManager is closed")
-        return self._write_pg
-
-    def _global_rank0(self) -> int:
-        return dist.get_global_rank(self._group(), 0)
