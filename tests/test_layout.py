@@ -162,6 +162,22 @@ def test_no_two_trainer_subpackages_import_each_other() -> None:
     assert fixed == [], f"no longer mutual: remove {fixed} from KNOWN_MUTUAL_SUBPACKAGES"
 
 
+# The restore tiers in layers (docs/design.md): state/ below, checkpoint/ and snapshot/ side by side,
+# recovery/ above both. What each may not import, not even one way.
+TIER_LAYERS: dict[str, set[str]] = {
+    "checkpoint": {"snapshot", "recovery"},
+    "snapshot": {"checkpoint", "recovery"},
+}
+
+
+def test_the_restore_tiers_are_layered() -> None:
+    edges = subpackage_imports(REPO_ROOT)
+    subpackages = {p.parent.name for p in (REPO_ROOT / "trainer").glob("*/__init__.py")}
+    never = {**TIER_LAYERS, "state": subpackages - {"state"}}  # state/ imports no other subpackage
+    upward = {pair: sorted(files) for pair, files in edges.items() if pair[1] in never.get(pair[0], set())}
+    assert upward == {}
+
+
 def test_the_subpackage_checker_finds_a_pair_through_lazy_and_type_only_imports(tmp_path: Path) -> None:
     for sub in ("low", "high", "side"):
         (tmp_path / "trainer" / sub).mkdir(parents=True)
