@@ -216,10 +216,9 @@ def _restore_snapshot(
     t0: float,
 ) -> tuple[tuple[int, str, str, float] | None, bool]:
     """The newest snapshot step every rank restored, with this rank's source, slot path and the seconds
-    since `t0` it took (None when
-    none is at least as new as the durable and the local checkpoint, or none loaded on every rank), and
-    whether any was tried (its load may have overwritten part of the live state). A step that failed
-    on any rank is struck off and the group agrees on the next one."""
+    since `t0` it took (None when none is at least as new as the durable and the local checkpoint, or
+    none loaded on every rank), and whether any was tried (its load may have overwritten part of the
+    live state). A step that failed on any rank is struck off and the group agrees on the next one."""
     common = table.common
     if tiers.peers is not None and any(common - steps for steps in table.own):
         # A rank will pull from a peer, and a holder serves only once `learn` gave it the channel key:
