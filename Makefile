@@ -19,7 +19,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup prometheus synth test test-fast soak lint demo bench bench-quick smoke-render cluster-smoke clean
+.PHONY: help setup controlplane prometheus synth test test-fast soak lint demo bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -39,6 +39,40 @@ $(HELM): $(VENV)/.installed tools/install_helm.py
 
 setup: $(VENV)/.installed node_modules/.installed $(HELM) ## Install Python deps, the CDK CLI and helm (idempotent)
 
+# The real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd) built from the
+# wrapper Go module controlplane/ with the Go toolchain; tools/controlplane starts it. Cold build on 2
+# cores: about 4 min and 2.7 GB of Go build cache; a rebuild from the cache takes seconds.
+CONTROLPLANE_BIN := .tools/controlplane/bin
+CONTROLPLANE_PKGS := k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler ./cmd/etcd
+# Kubernetes' own build stamps the version into the binaries; without it the API server reports
+# v0.0.0-master and helm refuses the chart's kubeVersion constraint. Read from the pinned go.mod.
+KUBE_VERSION := $(shell awk '$$1 == "k8s.io/kubernetes" { print $$2; exit }' controlplane/go.mod)
+KUBE_MINOR := $(word 2,$(subst ., ,$(KUBE_VERSION)))
+KUBE_STAMP := $(foreach pkg,k8s.io/component-base/version k8s.io/client-go/pkg/version,\
+  -X $(pkg).gitVersion=$(KUBE_VERSION) -X $(pkg).gitMajor=1 -X $(pkg).gitMinor=$(KUBE_MINOR) \
+  -X $(pkg).gitTreeState=clean)
+
+$(CONTROLPLANE_BIN)/.built: controlplane/go.mod controlplane/go.sum $(wildcard controlplane/cmd/*/*.go) Makefile
+	@command -v go >/dev/null || { echo "make controlplane: the Go toolchain (go) is not on PATH"; exit 2; }
+	mkdir -p $(CONTROLPLANE_BIN)
+	cd controlplane && go build -trimpath -ldflags='-s -w $(KUBE_STAMP)' -o $(abspath $(CONTROLPLANE_BIN))/ $(CONTROLPLANE_PKGS)
+	touch $@
+
+# The PodMonitor CRD the chart's podMonitor.enabled renders for (a Prometheus team's trainer release):
+# kube-prometheus-stack installs it on EKS. Taken from prometheus-operator's source module, the newest
+# release the module proxy serves here; the tests install it on the local API server.
+PROMETHEUS_OPERATOR := github.com/prometheus-operator/prometheus-operator@v0.85.0
+PODMONITOR_CRD := .tools/controlplane/crds/podmonitors.yaml
+
+$(PODMONITOR_CRD): Makefile
+	@command -v go >/dev/null || { echo "make controlplane: the Go toolchain (go) is not on PATH"; exit 2; }
+	mkdir -p $(dir $@)
+	dir=$$(cd $${TMPDIR:-/tmp} && go mod download -json $(PROMETHEUS_OPERATOR) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p') && \
+	  cp "$$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" $@ && chmod 644 $@
+
+controlplane: $(CONTROLPLANE_BIN)/.built $(PODMONITOR_CRD) ## Build the local Kubernetes control plane into .tools/controlplane/bin
+
 synth: setup ## Synthesize one CloudFormation template per team of $(TEAMS) into cdk.out/
 	@# Validate first: a bad teams file ends here with exit 2 and its one-line error, not the CDK CLI's own line.
 	@$(PY) -m infra.teams $(TEAMS) > /dev/null
@@ -51,10 +85,10 @@ prometheus: ## Install Debian's prometheus if it is not on PATH (apt-get; sudo w
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq prometheus; }
 
 # BLUEPRINT_REQUIRE_TOOLS=1: a test that needs helm or the CDK CLI fails (never skips) when it is missing.
-test: setup prometheus ## Run the whole test suite
+test: setup prometheus controlplane ## Run the whole test suite
 	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-test-fast: setup ## Run the tests that need no multi-process training
+test-fast: setup controlplane ## Run the tests that need no multi-process training
 	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(XDIST) -m 'not slow' $(PYTEST_ARGS)
 
 soak: setup prometheus ## The long runs kept out of make test: every checkpoint mode, more fault mixes

@@ -21,7 +21,7 @@ measures with the real trainer.snapshot code:
 - restore fsx:   CheckpointManager.load_latest of a sync DCP checkpoint of the same state (local disk here);
 - host_bytes:    the two slots a rank keeps (double buffering), the extra host memory per rank.
 With ``--faults N`` it also runs bench.recovery's faulted training runs with snapshots every step
-(``--snapshot-interval=1`` appended to the chart's trainer arguments), N repetitions of each of
+(the chart's ``snapshotInterval: 1``), N repetitions of each of
 FAULT_SCENARIOS, and records per fault the tier, where the restore came from (summary.json's
 ``restored_from``), the steps recomputed and the MTTR: the rollback per fault the planner reads
 (``python -m goodput --rollback-from``). POD_FAULT_SCENARIOS adds bench.recovery_pods' node loss with
@@ -167,7 +167,7 @@ def measure_faults(reps: int, work: Path) -> list[dict[str, Any]]:
     """Faulted runs with snapshots every step: per fault its restore source and steps recomputed."""
     from bench import recovery
 
-    cfg = recovery.RecoveryConfig(extra_trainer_args=("--snapshot-interval=1",))
+    cfg = recovery.RecoveryConfig(snapshot_interval=1)
     res = recovery.run(list(FAULT_SCENARIOS), reps, work, cfg)
     out = []
     for rec in res["runs"]:

@@ -1,8 +1,8 @@
 // The control plane the tests and the cluster demo run: the real kube-apiserver, kube-controller-manager,
 // kube-scheduler and etcd, built from their published source modules. k8s.io/kubernetes cannot be
 // required as it is (its go.mod points the staging modules at ./staging, absent from its module zip), so
-// every staging module is replaced by its published v0.<minor>.<patch>. Regenerate with
-// tools/controlplane_gomod.py when the Kubernetes version changes.
+// every staging module is replaced by its published v0.<minor>.<patch>. When the Kubernetes version
+// changes: `python -m tools.controlplane.gomod --version v1.X.Y`, then `go mod tidy` here.
 module blueprint.local/controlplane
 
 go 1.25.0

@@ -31,11 +31,10 @@ from infra.dashboards import (
     grafana_dashboard_json,
 )
 from infra.gpu_nodegroup import GPU_NODE_ROLE, GPU_TAINT_KEY, NODE_ROLE_LABEL
+from infra.namespaces import CLOUDWATCH_K8S_NAMESPACE, PROMETHEUS_K8S_NAMESPACE
 from infra.teams.observability import ObservabilityConfig
 from infra.workload_security import container_security_context, pod_security_context
 
-CLOUDWATCH_K8S_NAMESPACE = "amazon-cloudwatch"  # created by the add-on
-PROMETHEUS_K8S_NAMESPACE = "monitoring"
 CLOUDWATCH_AGENT_IMAGE = "public.ecr.aws/cloudwatch-agent/cloudwatch-agent:1.300062.0b1304"
 CLOUDWATCH_AGENT_HOME = "/opt/aws/amazon-cloudwatch-agent"
 TRAINER_METRICS_PORT = 9400  # the chart's metricsPort default (k8s/values.yaml; a test keeps them equal)

@@ -17,10 +17,7 @@ from infra.collectors import (
 )
 from infra.dashboards import TrainingDashboard
 from infra.teams.observability import ObservabilityConfig
-
-
-def alarm_topic_name(team_name: str, config: ObservabilityConfig) -> str:
-    return config.alarm_topic_name or f"{team_name}-training-alarms"
+from infra.teams.observability import alarm_topic_name as alarm_topic_name
 
 
 def trainer_metrics_values(config: ObservabilityConfig) -> dict[str, object]:

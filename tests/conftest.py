@@ -1,8 +1,10 @@
-"""Fixtures for the whole suite: the repository root and the tools `make setup` installs (helm, CDK CLI).
+"""Fixtures for the whole suite: the repository root, the tools `make setup` installs (helm, CDK CLI) and
+the session's control plane (`make controlplane`).
 Importable helpers live in tests/helpers.py; nothing imports a conftest."""
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +12,13 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from tests.helpers import CDK, HELM, REPO_ROOT, require_tool
+from tests.helpers import CDK, HELM, REPO_ROOT, REQUIRE_TOOLS_ENV, require_tool
+from tools.controlplane.launch import (
+    ControlPlane,
+    ControlPlaneError,
+    binaries,
+    running_control_plane,
+)
 
 # Every test fails when a process it started outlives it detached from the runner (tests/orphans.py);
 # under make test's xdist workers, tests are scheduled in groups (tests/groups.py).
@@ -52,3 +60,18 @@ def alarm() -> Iterator[None]:
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """One real control plane (etcd, kube-apiserver, controller manager, scheduler; tools/controlplane)
+    for the whole session: every test module that uses it is scheduled on one xdist worker
+    (tests/groups.py), so it starts once. Tests give their objects a namespace of their own."""
+    try:
+        binaries()
+    except ControlPlaneError as missing:
+        if os.environ.get(REQUIRE_TOOLS_ENV) == "1":
+            pytest.fail(f"{missing}; {REQUIRE_TOOLS_ENV}=1 requires it", pytrace=False)
+        pytest.skip(str(missing))
+    with running_control_plane(tmp_path_factory.mktemp("controlplane")) as plane:
+        yield plane

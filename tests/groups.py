@@ -6,6 +6,9 @@ worker:
   shared runs). They run one after another on one worker, never two at once: their timeouts are sized
   for one run on a loaded 2-core machine, not for two runs competing;
 - "infra": the infra tests, which read one synth of the app per session (tests/infra/conftest.py);
+- CLUSTER: every module with a test that uses the session's control plane (the `control_plane` fixture of
+  tests/conftest.py), wherever it lives, so that one worker starts one control plane for all of them. A
+  module both HEAVY and CLUSTER goes to CLUSTER: a second control plane would cost more than the overlap;
 - every other module is its own group: the other worker takes them while HEAVY runs.
 
 Registered in tests/conftest.py; does nothing outside an xdist worker of `--dist loadgroup`.
@@ -19,6 +22,8 @@ import pytest
 from _pytest.nodeid import NodeId
 
 HEAVY = "heavy"
+CLUSTER = "controlplane"
+CONTROL_PLANE_FIXTURE = "control_plane"
 SHARED_RUNS = frozenset({"clean_run", "faulty_run"})
 """Session fixtures of tests/trainer/conftest.py that start a multi-process run."""
 
@@ -33,8 +38,14 @@ def is_heavy(item: pytest.Item) -> bool:
     )
 
 
-def group_of(nodeid: str, heavy_modules: Iterable[str]) -> str:
+def uses_control_plane(item: pytest.Item) -> bool:
+    return CONTROL_PLANE_FIXTURE in getattr(item, "fixturenames", ())
+
+
+def group_of(nodeid: str, heavy_modules: Iterable[str], cluster_modules: Iterable[str] = ()) -> str:
     module = module_of(nodeid)
+    if module in cluster_modules:
+        return CLUSTER
     if module in heavy_modules:
         return HEAVY
     if module.startswith("tests/infra/"):
@@ -47,8 +58,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not getattr(config.option, "loadgroup", False):  # set in an xdist worker of `--dist loadgroup` only
         return
     heavy_modules = {module_of(item.nodeid) for item in items if is_heavy(item)}
+    cluster_modules = {module_of(item.nodeid) for item in items if uses_control_plane(item)}
     for item in items:
-        group = group_of(item.nodeid, heavy_modules)
+        group = group_of(item.nodeid, heavy_modules, cluster_modules)
         item.add_marker(pytest.mark.xdist_group(group))
         # The controller schedules by the suffix `@<group>` of each test's id. xdist 3.8 appends it to
         # `item._nodeid`, which pytest 9 no longer reads (the id lives in `item._id`): without this

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.groups import HEAVY, group_of
+from tests.groups import CLUSTER, HEAVY, group_of
 
 
 def test_heavy_modules_share_one_group_infra_another_and_the_rest_their_own() -> None:
@@ -13,6 +13,17 @@ def test_heavy_modules_share_one_group_infra_another_and_the_rest_their_own() ->
     assert group_of("tests/bench/test_recovery_run.py::test_y", heavy) == HEAVY
     assert group_of("tests/infra/test_stacks.py::test_z", heavy) == "infra"
     assert group_of("tests/chart/test_lint.py::test_w", heavy) == "tests/chart/test_lint.py"
+
+
+def test_every_module_on_the_control_plane_shares_one_group_even_a_heavy_one() -> None:
+    heavy = {"tests/tools/test_demo_cluster.py"}
+    cluster = {"tests/controlplane/test_install.py", "tests/tools/test_demo_cluster.py"}
+    assert group_of("tests/controlplane/test_install.py::test_a", heavy, cluster) == CLUSTER
+    assert group_of("tests/tools/test_demo_cluster.py::test_b", heavy, cluster) == CLUSTER
+    assert (
+        group_of("tests/controlplane/test_other.py::test_c", heavy, cluster)
+        == "tests/controlplane/test_other.py"
+    )
 
 
 def test_this_test_is_scheduled_by_its_group(request: pytest.FixtureRequest) -> None:

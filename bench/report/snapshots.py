@@ -149,7 +149,7 @@ def snapshots_section(snap: dict[str, Any], stall: dict[str, Any] | None = None)
     if faults:
         text += [
             "Steps recomputed per fault with a snapshot after every step (bench.recovery's runs, "
-            "`--snapshot-interval=1`; 2 CPU ranks, fault at step 8 of 14; `node-loss/peer`: "
+            "`snapshotInterval: 1`; 2 CPU ranks, fault at step 8 of 14; `node-loss/peer`: "
             "bench.recovery_pods' 2 pods x 1 rank and a hot spare, snapshots replicated to the other pod, "
             "pod 1 lost at step 6 of 14, its MTTR includes the spare's rendezvous). *steps recomputed*: "
             "completed steps done again after the restore (the step in flight when the fault hit is lost "

@@ -13,6 +13,7 @@ from infra.inputs import ACCOUNT_ID, cidr_problem, non_ascii_problem, path_segme
 from infra.inputs import IAM_PRINCIPAL_ARN as ARN_PATTERN
 from infra.inputs import partition_of as partition_of
 from infra.inputs import region_problem as region_problem
+from infra.namespaces import namespace_owner
 
 # Patterns are matched with fullmatch: `$` would accept a trailing newline (a YAML block scalar).
 # re.ASCII everywhere: `\d` and `\w` would accept Arabic-Indic digits and Cyrillic letters (infra/inputs.py).
@@ -32,6 +33,16 @@ DERIVED_NAME_SUFFIXES = ("-system", "-gpu", "-fsx")
 MAX_DERIVED_NAME = 63
 MAX_TEAM_NAME = MAX_DERIVED_NAME - max(map(len, DERIVED_NAME_SUFFIXES))
 
+# EKS: public endpoint access CIDR ranges per cluster (a service quota AWS does not raise).
+MAX_PUBLIC_ACCESS_CIDRS = 40
+# FSx data repository associations: FileSystemPath length limit (API reference). Its DataRepositoryPath
+# limit (4357) is never reached: the S3 key limit below bounds the prefix far shorter.
+MAX_FSX_FILE_SYSTEM_PATH = 4096
+# S3 keys are at most 1024 bytes (UTF-8). An exported file's key is the prefix plus its path below the
+# linked directory (checkpoints/<run>/<step>/<file>, a few dozen to ~150 bytes): leave it 256.
+MAX_S3_KEY_BYTES = 1024
+EXPORT_PATH_ROOM = 256
+
 _RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"))
 
 
@@ -46,6 +57,11 @@ def team_name_problem(name: str) -> str | None:
         return (
             f"{len(name)} characters is too long: derived names such as the node group {longest!r} "
             f"({len(longest)}) must stay within {MAX_DERIVED_NAME} (at most {MAX_TEAM_NAME} characters)"
+        )
+    if owner := namespace_owner(name):
+        return (
+            f"{name!r} is a namespace of {owner}; the team's namespace (quota, service account, trainer) "
+            "is named after the team, so choose another name"
         )
     return None
 
@@ -93,7 +109,16 @@ def s3_path_problem(path: str) -> str | None:
         return f"{path!r} is not an S3 path (s3://bucket[/prefix])"
     if match["prefix"] and (problem := path_segments_problem(match["prefix"], leading_slash=True)):
         return problem
-    return bucket_problem(match["bucket"])
+    if problem := bucket_problem(match["bucket"]):
+        return problem
+    prefix_bytes = len((match["prefix"] or "").lstrip("/").encode("utf-8"))
+    if prefix_bytes > MAX_S3_KEY_BYTES - EXPORT_PATH_ROOM:
+        return (
+            f"the prefix is {prefix_bytes} bytes: exported keys (prefix + the file's path, S3 allows "
+            f"{MAX_S3_KEY_BYTES} bytes) need {EXPORT_PATH_ROOM} for the paths below it; at most "
+            f"{MAX_S3_KEY_BYTES - EXPORT_PATH_ROOM} bytes"
+        )
+    return None
 
 
 def vpc_cidr_problem(cidr: str) -> str | None:
@@ -122,7 +147,12 @@ def vpc_cidr_problem(cidr: str) -> str | None:
 
 
 def public_cidrs_problem(cidrs: list[str]) -> str | None:
-    """Refuse CIDRs that are not blocks, and any set whose union covers a whole address family."""
+    """Refuse CIDRs that are not blocks, more than EKS accepts, and any set whose union covers a whole
+    address family."""
+    if len(cidrs) > MAX_PUBLIC_ACCESS_CIDRS:
+        return (
+            f"{len(cidrs)} CIDRs is more than EKS accepts for the public endpoint ({MAX_PUBLIC_ACCESS_CIDRS})"
+        )
     v4: list[ipaddress.IPv4Network] = []
     v6: list[ipaddress.IPv6Network] = []
     ipv6: str | None = None

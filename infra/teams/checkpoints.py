@@ -7,6 +7,7 @@ this module types the fields and turns the team's sections into the sizing's inp
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
@@ -34,11 +35,15 @@ class CheckpointConfig(StrictModel):
     """Minutes between checkpoints (default 30); or `interval_steps`."""
     interval_steps: Annotated[int, Field(ge=1)] | None = None
     """Steps between checkpoints (chart `ckptInterval`); or `interval_minutes`."""
-    step_seconds: Annotated[float, Field(gt=0, le=3600)] = teamfile.DEFAULT_STEP_SECONDS
+    # At least a millisecond: no training step is faster, and a step of 1e-300 s would make the sizing's
+    # rates infinite (the chart's ckptInterval bound would refuse its interval in steps too).
+    step_seconds: Annotated[float, Field(ge=1e-3, le=3600)] = teamfile.DEFAULT_STEP_SECONDS
     keep: Annotated[int, Field(ge=1, le=100)] = teamfile.DEFAULT_KEEP
     """Committed checkpoints kept (chart `ckptKeep`)."""
-    reload_budget_minutes: Annotated[float, Field(gt=0)] = teamfile.DEFAULT_RELOAD_BUDGET_MINUTES
-    node_mbps: Annotated[float, Field(gt=0, le=1e6)] = DEFAULT_NODE_MBPS
+    reload_budget_minutes: Annotated[float, Field(gt=0, le=7 * 24 * 60)] = (
+        teamfile.DEFAULT_RELOAD_BUDGET_MINUTES
+    )
+    node_mbps: Annotated[float, Field(ge=1, le=1e6)] = DEFAULT_NODE_MBPS
     """Each node's FSx client rate, MB/s (the NVMe drain and its share of a reload)."""
 
     @model_validator(mode="after")
@@ -88,8 +93,24 @@ def sizing_inputs(
             throughput_per_tib=throughput_per_tib,
             nvme_gib_per_node=nvme_gib_per_node,
         )
-    except teamfile.TeamSizingError as err:  # typed fields make this unreachable; keep it one line
-        raise FieldError((), str(err)) from None
+    except teamfile.TeamSizingError as err:  # typed, bounded fields make this unreachable; keep it one line
+        raise FieldError(("checkpoints",), as_written(str(err).removeprefix("checkpoints: "))) from None
+
+
+# The sizing model's own names of the teams file's fields, for a message that would name one.
+_AS_WRITTEN = {
+    "reload_budget_s": "reload_budget_minutes",
+    "interval_s": "interval_minutes (or interval_steps x step_seconds)",
+    "step_s": "step_seconds",
+    "checkpoint_bytes": "model or parameters",
+}
+
+
+def as_written(message: str) -> str:
+    """`message` with the sizing model's field names replaced by the teams file's."""
+    for internal, written in _AS_WRITTEN.items():
+        message = re.sub(rf"\b{internal}\b", written, message)
+    return message
 
 
 # The chart's ckptWriteTimeout default (k8s/values.yaml): never set below it.

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
 
 
 class TeamsConfigError(Exception):
-    """An invalid teams file; `str()` is one line naming the file or `teams[i].field`."""
+    """An invalid teams file; `str()` is one line naming the file or `teams[i].field`. `loc` is the
+    field's path when one is known (the loader adds the file's line of it)."""
+
+    def __init__(self, message: str, loc: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 class FieldError(ValueError):
@@ -51,6 +57,8 @@ def describe(value: Any) -> str:
         text = "a mapping"
     elif isinstance(value, list):
         text = "a list"
+    elif isinstance(value, float) and not math.isfinite(value):
+        text = ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     else:
         text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -58,6 +66,11 @@ def describe(value: Any) -> str:
 
 def one_line(exc: ValidationError) -> str:
     """The first error of `exc` as `teams[i].field: message`, counting the others."""
+    return located(exc)[1]
+
+
+def located(exc: ValidationError) -> tuple[tuple[str | int, ...], str]:
+    """(the path of the first error of `exc`, its one line)."""
     errors = exc.errors()
     err = errors[0]
     loc = tuple(err["loc"])
@@ -68,9 +81,11 @@ def one_line(exc: ValidationError) -> str:
         message = "unknown key"
     elif err["type"] == "missing":
         message = "required field is missing"
+    elif err["type"] == "finite_number":
+        message = f"must be a finite number, got {describe(err.get('input'))}"
     elif err["type"] in _EXPECTED:
         message = f"must be {_EXPECTED[err['type']]}, got {describe(err.get('input'))}"
     else:
         message = err["msg"].removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{format_loc(loc)}: {message}{more}".replace("\n", "\\n")
+    return loc, f"{format_loc(loc)}: {message}{more}".replace("\n", "\\n")

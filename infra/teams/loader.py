@@ -15,8 +15,9 @@ import yaml
 from pydantic import ValidationError
 
 from infra.inputs import InputError, check_yaml_events, read_teams_bytes
-from infra.teams.errors import TeamsConfigError, describe, format_loc, one_line
+from infra.teams.errors import TeamsConfigError, describe, format_loc, located
 from infra.teams.team import TeamConfig, TeamsFile
+from infra.yaml_readings import first_ambiguous_scalar
 
 # libyaml's parser when PyYAML was built with it (several times faster), else the pure-Python one.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -65,11 +66,11 @@ def _check_strings(data: Any, loc: tuple[str | int, ...] = (), above: frozenset[
         above = above | {id(data)}
     if isinstance(data, str):
         if problem := _string_problem(data):
-            raise TeamsConfigError(f"{format_loc(loc)}: {problem}")
+            raise TeamsConfigError(f"{format_loc(loc)}: {problem}", loc)
     elif isinstance(data, dict):
         for key, value in data.items():
             if isinstance(key, str) and (problem := _string_problem(key)):
-                raise TeamsConfigError(f"{format_loc(loc)}: key {problem}")
+                raise TeamsConfigError(f"{format_loc(loc)}: key {problem}", loc)
             _check_strings(value, (*loc, key if isinstance(key, str) else describe(key)), above)
     elif isinstance(data, list):
         for i, item in enumerate(data):
@@ -84,7 +85,30 @@ def parse_teams(data: Any, source: str = "teams file") -> list[TeamConfig]:
     try:
         return list(TeamsFile.model_validate(data).teams)
     except ValidationError as exc:
-        raise TeamsConfigError(one_line(exc)) from None
+        loc, line = located(exc)
+        raise TeamsConfigError(line, loc) from None
+
+
+def line_of(text: str, loc: tuple[str | int, ...]) -> int | None:
+    """The line (1-based) of the field at `loc` in the YAML `text`: the key's line for a mapping entry,
+    the item's for a list entry; the deepest existing part of the path when the rest is missing."""
+    try:
+        node = yaml.compose(text, Loader=_SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        found = None
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            found = next(((k, v) for k, v in node.value if k.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            item = node.value[part]
+            found = (item, item)
+        if found is None:
+            break
+        line = found[0].start_mark.line + 1
+        node = found[1]
+    return line
 
 
 def _decode(path: Path, raw: bytes) -> str:
@@ -107,15 +131,31 @@ def load_teams(path: str | Path) -> list[TeamConfig]:
     text = _decode(path, raw)
     try:
         check_yaml_events(text, _SafeLoader, str(path))  # alias bombs and huge numbers, before any walk
+        if ambiguous := first_ambiguous_scalar(text, _SafeLoader):  # one reading: YAML 1.1 and 1.2 agree
+            field, line, column, problem = ambiguous
+            raise TeamsConfigError(f"{field}: {problem} (line {line}, column {column})")
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
     except InputError as exc:
         raise TeamsConfigError(str(exc)) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, most C0 controls)
+        line = text[: exc.position].count("\n") + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise TeamsConfigError(
+            f"{path}: invalid YAML at line {line}, column {column}: the character U+{exc.character:04X} "
+            "is not allowed in YAML text"
+        ) from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "unparsable"
+        problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc)
         raise TeamsConfigError(f"{path}: invalid YAML{where}: {problem}".replace("\n", " ")) from None
-    return parse_teams(data, str(path))
+    try:
+        return parse_teams(data, str(path))
+    except TeamsConfigError as exc:
+        field_line = line_of(text, exc.loc) if exc.loc else None
+        if field_line is None:
+            raise
+        raise TeamsConfigError(f"{exc} (line {field_line})", exc.loc) from None
 
 
 def select_team(teams: list[TeamConfig], name: str | None) -> list[TeamConfig]:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from infra.teams.base import StrictModel
+from infra.teams.chart_bounds import chart_default
+from infra.teams.errors import FieldError
 
 ADDON_VERSION_PATTERN = r"^v[0-9]+\.[0-9]+\.[0-9]+-eksbuild\.[0-9]+$"
 
@@ -43,3 +45,27 @@ class ObservabilityConfig(StrictModel):
     cloudwatch_addon_version: Annotated[str, Field(pattern=ADDON_VERSION_PATTERN)] | None = None
     """amazon-cloudwatch-observability add-on version; none: EKS's default for the cluster's version."""
     alarms: AlarmThresholds = AlarmThresholds()
+
+    @model_validator(mode="after")
+    def _no_dead_settings(self) -> ObservabilityConfig:
+        if self.collector == "prometheus" and self.cloudwatch_addon_version is not None:
+            raise FieldError(
+                ("cloudwatch_addon_version",),
+                "has no effect with collector: prometheus (the CloudWatch add-on is not installed); "
+                "remove it or use collector: cloudwatch",
+            )
+        # The trainer's endpoint outlives a finished run by the chart's metricsLinger, for one more scrape.
+        linger = chart_default("metricsLinger")
+        if self.scrape_interval_s >= linger:
+            raise FieldError(
+                ("scrape_interval_s",),
+                f"{self.scrape_interval_s} s is not shorter than the chart's metricsLinger ({linger:g} s, "
+                "k8s/values.yaml): a finished run's endpoint would be gone before the next scrape and its "
+                "last figures lost; scrape more often",
+            )
+        return self
+
+
+def alarm_topic_name(team_name: str, config: ObservabilityConfig) -> str:
+    """The SNS topic's name: the team's `alarm_topic_name`, else `<team>-training-alarms`."""
+    return config.alarm_topic_name or f"{team_name}-training-alarms"

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import Field, field_validator, model_validator
 
 from infra.inputs import path_segments_problem
-from infra.teams.aws_rules import s3_path_problem
+from infra.teams.aws_rules import MAX_FSX_FILE_SYSTEM_PATH, s3_path_problem
 from infra.teams.base import StrictModel
 from infra.teams.errors import FieldError
 
@@ -55,6 +55,8 @@ class FsxConfig(StrictModel):
             raise ValueError(f"{value!r} must be an absolute path inside the file system, e.g. /export")
         if problem := path_segments_problem(value, leading_slash=True):  # `..` would leave the file system
             raise ValueError(problem)
+        if len(value) > MAX_FSX_FILE_SYSTEM_PATH:
+            raise ValueError(f"{len(value)} characters is more than FSx accepts ({MAX_FSX_FILE_SYSTEM_PATH})")
         return value
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -16,12 +17,14 @@ from infra.teams.aws_rules import (
     team_name_problem,
 )
 from infra.teams.base import StrictModel
-from infra.teams.checkpoints import CheckpointConfig, sizing_inputs
+from infra.teams.chart_bounds import chart_bound_problem
+from infra.teams.checkpoints import CheckpointConfig, checkpoint_values, sizing_inputs
 from infra.teams.errors import FieldError
 from infra.teams.network import NetworkConfig
 from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
-from infra.teams.observability import ObservabilityConfig
+from infra.teams.observability import ObservabilityConfig, alarm_topic_name
 from infra.teams.storage import FsxConfig
+from sizing import teamfile
 from sizing.model import SizingResult, size
 
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
@@ -120,8 +123,78 @@ class TeamConfig(StrictModel):
                 ("start_trainer",), "true needs deploy_trainer: true (the trainer is not deployed)"
             )
         self._check_quota()
+        self._check_chart_bounds()
         self._check_storage_sizing()
+        self._check_write_timeout_bound()
+        self._check_checkpoint_age_alarm()
         return self
+
+    def _check_checkpoint_age_alarm(self) -> None:
+        """The newest checkpoint grows as old as the interval plus the write before the next one commits;
+        an alarm threshold at or below that fires on every healthy run."""
+        sizing = self.storage_sizing
+        cadence_s = sizing.inputs.interval_s + sizing.write_s
+        limit = self.observability.alarms.max_checkpoint_age_minutes
+        if cadence_s < limit * 60:
+            return
+        ck = self.checkpoints
+        written = [
+            f for f in ("interval_steps", "interval_minutes", "step_seconds") if f in ck.model_fields_set
+        ]
+        loc: tuple[str, ...] = (
+            ("checkpoints", written[0])
+            if written
+            else ("observability", "alarms", "max_checkpoint_age_minutes")
+        )
+        raise FieldError(
+            loc,
+            f"checkpoints every {sizing.inputs.interval_s / 60:g} min plus a {sizing.write_s / 60:.1f} min "
+            f"write reach observability.alarms.max_checkpoint_age_minutes ({limit}) on every healthy run, so "
+            "the alarm always fires; checkpoint more often or raise max_checkpoint_age_minutes",
+        )
+
+    def _check_chart_bounds(self) -> None:
+        """Each chart value this team derives is within the chart's own schema bounds (values.schema.json),
+        so the chart never refuses at deploy what passed here; the error names the field the team wrote."""
+        ck = self.checkpoints
+        if ck.interval_steps is not None:
+            interval: tuple[float, tuple[str, ...], str] = (
+                ck.interval_steps,
+                ("checkpoints", "interval_steps"),
+                "",
+            )
+        else:
+            minutes = ck.interval_minutes or teamfile.DEFAULT_INTERVAL_MINUTES
+            written = "step_seconds" if "step_seconds" in ck.model_fields_set else "interval_minutes"
+            steps = minutes * 60 / ck.step_seconds  # what teamfile.interval_steps floors, if finite
+            interval = (
+                max(1, math.floor(steps)) if math.isfinite(steps) else steps,  # as teamfile.interval_steps
+                ("checkpoints", written),
+                f" (interval_minutes {minutes:g} / step_seconds {ck.step_seconds:g} as steps)",
+            )
+        group = self.gpu_node_group
+        derived = [
+            ("ckptInterval", *interval),
+            ("ckptKeep", ck.keep, ("checkpoints", "keep"), ""),
+            ("preset", ck.preset, ("checkpoints", "model"), ""),
+            ("nodes", group.desired_nodes, ("gpu_node_group", "desired_nodes"), ""),
+            ("spareNodes", group.spare_nodes, ("gpu_node_group", "spare_nodes"), ""),
+        ]
+        for chart_name, value, loc, how in derived:
+            if value is None:  # no preset: the team's own parameter count
+                continue
+            if problem := chart_bound_problem(chart_name, value):
+                raise FieldError(loc, problem + how)
+
+    def _check_write_timeout_bound(self) -> None:
+        """The ckptWriteTimeout derived from the sized write time is within the chart's bound too."""
+        timeout = checkpoint_values(self.checkpoints, self.storage_sizing.write_s)["ckptWriteTimeout"]
+        if problem := chart_bound_problem("ckptWriteTimeout", timeout):
+            raise FieldError(
+                ("checkpoints",),
+                f"team {self.name}: twice the sized checkpoint write time gives ckptWriteTimeout "
+                f"{timeout} s: {problem}; give fsx more throughput or checkpoint a smaller model",
+            )
 
     def _check_storage_sizing(self) -> None:
         """FSx must write one checkpoint within the interval and hold `keep` of them (sizing package)."""
@@ -188,6 +261,18 @@ class TeamConfig(StrictModel):
     def stack_name(self) -> str:
         return self.name
 
+    @property
+    def owned_names(self) -> list[tuple[str, str, str, bool]]:
+        """(kind, name, the field it comes from, whether the team wrote it) of every name this team's stack
+        creates that AWS keeps one of per account and region; the cross-team check refuses two teams
+        sharing one. Log groups and the dashboard are named after the stack, so the stack covers them."""
+        topic = alarm_topic_name(self.name, self.observability)
+        written = self.observability.alarm_topic_name is not None
+        return [
+            ("CloudFormation stack", self.stack_name, "name", True),
+            ("SNS topic", topic, "observability.alarm_topic_name", written),
+        ]
+
 
 class TeamsFile(StrictModel):
     """The whole teams file: `teams:` is a non-empty list; the first team is the default one."""
@@ -203,4 +288,43 @@ class TeamsFile(StrictModel):
                     ("teams", i, "name"), f"duplicate team name {team.name!r} (also teams[{seen[team.name]}])"
                 )
             seen[team.name] = i
+        self._check_shared_names()
+        self._check_shared_exports()
         return self
+
+    def _check_shared_names(self) -> None:
+        """Names AWS keeps one of per account and region, derived or written: two teams may not share one
+        (the second stack's deploy would fail, or, for a topic, both teams' alarms would mix)."""
+        owners: dict[tuple[str, str, str, str], tuple[int, str, bool]] = {}
+        for i, team in enumerate(self.teams):
+            for kind, name, field, written in team.owned_names:
+                key = (kind, team.account, team.region, name)
+                if key in owners:
+                    j, other_field, other_written = owners[key]
+                    how = "" if other_written else "default "
+                    raise FieldError(
+                        ("teams", i, *field.split(".")),
+                        f"the {kind} {name!r} is also the {how}{kind} of team {self.teams[j].name} "
+                        f"(teams[{j}].{other_field}) in account {team.account}, {team.region}; "
+                        f"give team {team.name} its own",
+                    )
+                owners[key] = (i, field, written)
+
+    def _check_shared_exports(self) -> None:
+        """Two file systems linked to one S3 prefix (or one inside the other) export the same run names
+        (the chart's default run, `checkpoints/<run>/`) to the same keys and overwrite each other."""
+        linked: list[tuple[int, str]] = []
+        for i, team in enumerate(self.teams):
+            if team.fsx.s3_path is None:
+                continue
+            mine = team.fsx.s3_path.rstrip("/") + "/"
+            for j, theirs in linked:
+                if mine.startswith(theirs) or theirs.startswith(mine):
+                    other = self.teams[j]
+                    raise FieldError(
+                        ("teams", i, "fsx", "s3_path"),
+                        f"{team.fsx.s3_path} overlaps team {other.name}'s export {other.fsx.s3_path} "
+                        f"(teams[{j}].fsx.s3_path): both file systems export the same run names there and "
+                        "would overwrite each other's checkpoints; give each team its own prefix",
+                    )
+            linked.append((i, mine))

@@ -114,6 +114,18 @@ app.kubernetes.io/component: trainer
 {{- end }}
 {{- end }}
 
+{{/* Tolerations of every pod on the GPU nodes: the GPU node group's taint (infra/gpu_nodegroup.py),
+always, then the user's tolerations, which add to it and never replace it. */}}
+{{- define "trainer.tolerations" -}}
+- key: nvidia.com/gpu
+  operator: Equal
+  value: "true"
+  effect: NoSchedule
+{{- with .Values.tolerations }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
 {{/* nodeSelector: the user's map plus the instance type, so pods land only on the chosen node group. */}}
 {{- define "trainer.nodeSelector" -}}
 {{- $selector := merge (dict "node.kubernetes.io/instance-type" .Values.instanceType) .Values.nodeSelector }}

@@ -36,7 +36,26 @@ The names the chart reserves, as JSON {"env": {NAME: why}, "labels": [...], "pod
 {{- $labels := keys (include "trainer.labels" $ctx | fromYaml) | sortAlpha }}
 {{- $annotations := keys (include "trainer.chartPodAnnotations" $ctx | fromYaml | default dict) | sortAlpha }}
 {{- $selector := keys (include "trainer.nodeSelector" $ctx | fromYaml) | sortAlpha }}
-{{- dict "env" $env "podLabels" $podLabels "labels" $labels "annotations" $annotations "nodeSelector" $selector | toJson }}
+{{- /* The trainer flags the chart renders, by name without -- and no- (--no-inprocess is inprocess);
+     --fault whether or not faults are set: the chart owns them. */}}
+{{- $flags := dict "fault" "faults" }}
+{{- range (include "trainer.trainerArgs" $ctx | fromYamlArray) }}
+{{- if hasPrefix "--" . }}
+{{- $flag := regexReplaceAll "=.*$" (trimPrefix "--" .) "" | trimPrefix "no-" }}
+{{- $_ := set $flags $flag (include "trainer.valueOfFlag" $flag) }}
+{{- end }}
+{{- end }}
+{{- dict "env" $env "podLabels" $podLabels "labels" $labels "annotations" $annotations "nodeSelector" $selector "flags" $flags | toJson }}
+{{- end }}
+
+{{/*
+The chart value that renders a trainer flag (name without --): its camelCase, except where the value is
+named otherwise or the flag is derived from several values.
+*/}}
+{{- define "trainer.valueOfFlag" -}}
+{{- $named := dict "heartbeat-timeout" "ftRankHeartbeatTimeout" "fault" "faults" "data-path" "dataPath (or syntheticTokens)"
+      "ckpt-dir" "storage.mountPath and runName" "ckpt-local-dir" "runName" "out-dir" "storage.mountPath and runName" }}
+{{- get $named . | default (. | replace "-" "_" | camelcase | untitle) }}
 {{- end }}
 
 {{/*
@@ -121,6 +140,34 @@ or /var/lib/kubelet hands the node (and other pods' secrets) to the trainer.
 {{- end }}
 {{- else if hasPrefix "TRAINER_" $name }}
 {{- fail (printf "extraEnv.%s: the trainer reads no such setting (it reads %s)" $name (keys $forms | sortAlpha | join ", ")) }}
+{{- end }}
+{{- end }}
+{{- /* extraTrainerArgs come after the chart's flags, and argparse keeps the last of a repeated flag: one
+     that repeats (or abbreviates) a flag the chart sets would override a value every check here read. */}}
+{{- range $i, $arg := $v.extraTrainerArgs }}
+{{- if and (hasPrefix "-" $arg) (ne $arg "--") }}
+{{- $flag := regexReplaceAll "=.*$" (trimPrefix "-" (trimPrefix "-" $arg)) "" }}
+{{- $base := trimPrefix "no-" $flag }}
+{{- if hasKey $reserved.flags $base }}
+{{- fail (printf "extraTrainerArgs[%d]: %q repeats --%s, which the chart sets from the value %s; set that value instead" $i $arg $base (get $reserved.flags $base)) }}
+{{- end }}
+{{- if has $base (list "check-config" "help" "h") }}
+{{- fail (printf "extraTrainerArgs[%d]: %q would make the trainer container exit without training (the chart runs --check-config in its own init container)" $i $arg) }}
+{{- end }}
+{{- range $chartFlag := keys $reserved.flags | sortAlpha }}
+{{- if and $base (hasPrefix $base $chartFlag) }}
+{{- fail (printf "extraTrainerArgs[%d]: %q abbreviates --%s, which the chart sets from the value %s; set that value instead" $i $arg $chartFlag (get $reserved.flags $chartFlag)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- /* The Job's FailJob codes: 2 (a configuration error, the check-config init container's exit, which no
+     restart fixes) and 93 (ft_launcher's do-not-restart verdict) must stay, or both are retried. */}}
+{{- $codes := list }}
+{{- range $v.failJobExitCodes }}{{ $codes = append $codes (int .) }}{{ end }}
+{{- range $code := list 2 93 }}
+{{- if not (has $code $codes) }}
+{{- fail (printf "failJobExitCodes: %v drops %d; keep 2 (configuration errors) and 93 (ft_launcher's do-not-restart verdict) and add your codes" $v.failJobExitCodes $code) }}
 {{- end }}
 {{- end }}
 {{- range $name := keys $v.podLabels | sortAlpha }}

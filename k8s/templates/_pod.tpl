@@ -99,8 +99,9 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 - {{ printf "--metrics-linger=%v" $v.metricsLinger | quote }}
 - {{ printf "--device=%s" $v.device | quote }}
 - {{ printf "--entrypoint=%s" $v.entrypoint | quote }}
+{{- /* `$` doubled, as for entrypointArgs: each argument reaches the trainer exactly as written. */}}
 {{- range $v.extraTrainerArgs }}
-- {{ . | quote }}
+- {{ replace "$" "$$" . | quote }}
 {{- end }}
 {{- end }}
 
@@ -125,9 +126,10 @@ first eight are the places Contract 2 names; the rest configure NCCL and EFA.
 */}}
 {{- define "trainer.env" -}}
 {{ include "trainer.chartEnv" . }}
+{{- /* `$` doubled: the kubelet expands $(VAR) in env values too, and reads $$ as $. */}}
 {{- range $name := keys .Values.extraEnv | sortAlpha }}
 - name: {{ $name | quote }}
-  value: {{ get $.Values.extraEnv $name | quote }}
+  value: {{ get $.Values.extraEnv $name | replace "$" "$$" | quote }}
 {{- end }}
 {{- end }}
 
@@ -270,10 +272,8 @@ spec:
     {{- include "trainer.podSecurityContext" . | nindent 4 }}
   nodeSelector:
     {{- include "trainer.nodeSelector" . | nindent 4 }}
-  {{- with $v.tolerations }}
   tolerations:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- include "trainer.tolerations" . | nindent 4 }}
   {{- with $v.affinity }}
   affinity:
     {{- toYaml . | nindent 4 }}

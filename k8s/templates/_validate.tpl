@@ -16,10 +16,17 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- end }}
 {{- end }}
 
-{{/* Fails unless every key of the map (list of value name and map) matches the pattern (list of regex and what it is). */}}
+{{/*
+Fails unless every key of the map (list of value name and map) matches the pattern (list of regex and what
+it is). A key "true" or "false" is refused whatever the pattern: Helm reads values as YAML 1.1, so an
+unquoted y, yes, on (n, no, off) key arrives as "true" ("false"), and two of them silently become one.
+*/}}
 {{- define "trainer.requireKeys" -}}
 {{- $name := index . 0 }}
 {{- range $key, $_ := index . 1 }}
+{{- if has $key (list "true" "false") }}
+{{- fail (printf "%s: key %q is how Helm reads an unquoted y/yes/on/true (n/no/off/false) key (YAML 1.1 booleans); quote the key as you mean it" $name $key) }}
+{{- end }}
 {{- if not (regexMatch (index $ 2) $key) }}
 {{- fail (printf "%s: key %q is not %s" $name $key (index $ 3)) }}
 {{- end }}
@@ -97,6 +104,90 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- end }}
 {{- end }}
 
+{{/*
+Fails unless each toleration (list of value name and list) keeps the API server's rules that span fields
+(core/v1 validation): a key is a qualified name, or empty with operator Exists; Exists takes no value;
+Equal's value is a label value; tolerationSeconds only with effect NoExecute.
+*/}}
+{{- define "trainer.requireTolerations" -}}
+{{- $name := index . 0 }}
+{{- $qualifiedName := index . 2 }}
+{{- range $i, $t := index . 1 }}
+{{- $key := $t.key | default "" }}
+{{- $op := $t.operator | default "Equal" }}
+{{- $value := $t.value | default "" }}
+{{- if and (eq $key "") (ne $op "Exists") }}
+{{- fail (printf "%s[%d]: a toleration without a key must use operator Exists (it tolerates every taint)" $name $i) }}
+{{- end }}
+{{- if and $key (not (regexMatch $qualifiedName $key)) }}
+{{- fail (printf "%s[%d].key: %q is not a Kubernetes qualified name ([prefix/]name)" $name $i $key) }}
+{{- end }}
+{{- if and (eq $op "Exists") $value }}
+{{- fail (printf "%s[%d].value: must be empty with operator Exists (got %q)" $name $i $value) }}
+{{- end }}
+{{- if and (eq $op "Equal") $value (not (regexMatch "^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$" $value)) }}
+{{- fail (printf "%s[%d].value: %q is not a label value (at most 63 letters, digits, - _ .)" $name $i $value) }}
+{{- end }}
+{{- if and (not (kindIs "invalid" $t.tolerationSeconds)) (ne ($t.effect | default "") "NoExecute") }}
+{{- fail (printf "%s[%d].tolerationSeconds: only applies with effect NoExecute (effect is %q)" $name $i ($t.effect | default "")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fails unless each selector requirement (list of value name and list) keeps the API server's rules: In and
+NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors only) one integer.
+*/}}
+{{- define "trainer.requireSelectorRequirements" -}}
+{{- $name := index . 0 }}
+{{- range $i, $r := index . 1 }}
+{{- $values := $r.values | default list }}
+{{- if and (has $r.operator (list "In" "NotIn")) (not $values) }}
+{{- fail (printf "%s[%d].values: operator %s needs at least one value" $name $i $r.operator) }}
+{{- end }}
+{{- if and (has $r.operator (list "Exists" "DoesNotExist")) $values }}
+{{- fail (printf "%s[%d].values: must be empty with operator %s" $name $i $r.operator) }}
+{{- end }}
+{{- if and (has $r.operator (list "Gt" "Lt")) (or (ne (len $values) 1) (not (regexMatch "^-?[0-9]+$" (toString (first $values))))) }}
+{{- fail (printf "%s[%d].values: operator %s needs exactly one integer value" $name $i $r.operator) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Every selector requirement of the affinity value (see trainer.requireSelectorRequirements). */}}
+{{- define "trainer.requireAffinity" -}}
+{{- $affinity := . | default dict }}
+{{- $node := $affinity.nodeAffinity | default dict }}
+{{- with $node.requiredDuringSchedulingIgnoredDuringExecution }}
+{{- range $i, $term := .nodeSelectorTerms }}
+{{- $at := printf "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[%d]" $i }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "%s.matchExpressions" $at) ($term.matchExpressions | default list)) }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "%s.matchFields" $at) ($term.matchFields | default list)) }}
+{{- end }}
+{{- end }}
+{{- range $i, $p := $node.preferredDuringSchedulingIgnoredDuringExecution | default list }}
+{{- $at := printf "affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[%d].preference" $i }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "%s.matchExpressions" $at) ($p.preference.matchExpressions | default list)) }}
+{{- end }}
+{{- range $kind := list "podAffinity" "podAntiAffinity" }}
+{{- $pod := get $affinity $kind | default dict }}
+{{- range $i, $term := $pod.requiredDuringSchedulingIgnoredDuringExecution | default list }}
+{{- $at := printf "affinity.%s.requiredDuringSchedulingIgnoredDuringExecution[%d]" $kind $i }}
+{{- range $sel := list "labelSelector" "namespaceSelector" }}
+{{- $selector := get $term $sel | default dict }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "%s.%s.matchExpressions" $at $sel) ($selector.matchExpressions | default list)) }}
+{{- end }}
+{{- end }}
+{{- range $i, $w := $pod.preferredDuringSchedulingIgnoredDuringExecution | default list }}
+{{- $at := printf "affinity.%s.preferredDuringSchedulingIgnoredDuringExecution[%d].podAffinityTerm" $kind $i }}
+{{- range $sel := list "labelSelector" "namespaceSelector" }}
+{{- $selector := get $w.podAffinityTerm $sel | default dict }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "%s.%s.matchExpressions" $at $sel) ($selector.matchExpressions | default list)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "trainer.validate" -}}
 {{- $v := .Values }}
 {{- $qualifiedName := "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$" }}
@@ -104,6 +195,29 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- include "trainer.requireKeys" (list "nodeSelector" $v.nodeSelector $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "podLabels" $v.podLabels $qualifiedName $keyKind) }}
 {{- include "trainer.requireKeys" (list "podAnnotations" $v.podAnnotations $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "podMonitor.labels" (default dict $v.podMonitor.labels) $qualifiedName $keyKind) }}
+{{- include "trainer.requireKeys" (list "rendezvous.nodeSelector" $v.rendezvous.nodeSelector $qualifiedName $keyKind) }}
+{{- range $sel := list "metricsNamespaceSelector" "metricsPodSelector" }}
+{{- $selector := get $v.networkPolicy $sel | default dict }}
+{{- include "trainer.requireKeys" (list (printf "networkPolicy.%s.matchLabels" $sel) ($selector.matchLabels | default dict) $qualifiedName $keyKind) }}
+{{- include "trainer.requireSelectorRequirements" (list (printf "networkPolicy.%s.matchExpressions" $sel) ($selector.matchExpressions | default list)) }}
+{{- end }}
+{{- include "trainer.requireTolerations" (list "tolerations" $v.tolerations $qualifiedName) }}
+{{- include "trainer.requireTolerations" (list "rendezvous.tolerations" $v.rendezvous.tolerations $qualifiedName) }}
+{{- include "trainer.requireAffinity" $v.affinity }}
+{{- /* The API server's cap on a pod's annotations (keys and values together, the chart's own included). */}}
+{{- $annotationBytes := 0 }}
+{{- range $key, $value := merge (dict) $v.podAnnotations (include "trainer.chartPodAnnotations" . | fromYaml | default dict) }}
+{{- $annotationBytes = add $annotationBytes (len $key) (len (toString $value)) }}
+{{- end }}
+{{- if gt $annotationBytes 262144 }}
+{{- fail (printf "podAnnotations: %d bytes of annotations (keys and values, with the chart's own) is more than the API server's 256 KiB" $annotationBytes) }}
+{{- end }}
+{{- /* Kubernetes reserves system- priority classes for cluster components (system-node-critical and
+     system-cluster-critical pods are admitted in kube-system only); a trainer there would preempt them. */}}
+{{- if and (hasPrefix "system-" $v.priorityClassName) (ne .Release.Namespace "kube-system") }}
+{{- fail (printf "priorityClassName: %q is a system priority class, reserved for cluster components in kube-system (the release is in %s); create a priority class of your own" $v.priorityClassName .Release.Namespace) }}
+{{- end }}
 {{- include "trainer.requireKeys" (list "extraEnv" $v.extraEnv "^[A-Za-z_][A-Za-z0-9_]*$" "an environment variable name (letters, digits, _; not starting with a digit)") }}
 {{- /* The trainer checks this chain at start-up (trainer/resilience/timeouts.py), whatever inprocess
      is; failing here surfaces it at install time instead of as a crashing pod. */}}
@@ -160,6 +274,25 @@ workload template, so `helm lint`, `helm template` and `helm install` all fail o
 {{- $metrics := int $v.metricsPort }}
 {{- if and (gt $metrics 0) (le $rdzv $metrics) (le $metrics (add $rdzv 2 | int)) }}
 {{- fail (printf "metricsPort: %d is taken by the rendezvous store (rdzvPort %d) or the trainer's stores (rdzvPort+1, +2)" $metrics $rdzv) }}
+{{- end }}
+{{- /* Sizes of memory parsed as Kubernetes does (trainer.quantityValue): a suffix m is milli, so 512m
+     is half a byte, and a 0 shmSize leaves NCCL and the snapshots no /dev/shm. Under 1Mi is no one's
+     intent; refused here instead of at the trainer's start or as an OOM kill. */}}
+{{- $memories := list (list "memoryRequest" $v.memoryRequest) (list "shmSize" $v.shmSize) (list "scratchSize" $v.scratchSize)
+      (list "helperResources.requests.memory" $v.helperResources.requests.memory)
+      (list "helperResources.limits.memory" $v.helperResources.limits.memory) }}
+{{- if $v.memoryLimit }}{{ $memories = append $memories (list "memoryLimit" $v.memoryLimit) }}{{ end }}
+{{- if $v.hugepages2Mi }}{{ $memories = append $memories (list "hugepages2Mi" $v.hugepages2Mi) }}{{ end }}
+{{- range $memories }}
+{{- $bytes := include "trainer.quantityValue" . | float64 }}
+{{- if lt $bytes 1048576.0 }}
+{{- fail (printf "%s: %q is %v bytes, under 1Mi (the suffix m is milli: 512m is half a byte; write Mi or Gi)" (index . 0) (index . 1) $bytes) }}
+{{- end }}
+{{- end }}
+{{- range (list (list "cpuRequest" $v.cpuRequest) (list "helperResources.requests.cpu" $v.helperResources.requests.cpu) (list "helperResources.limits.cpu" $v.helperResources.limits.cpu)) }}
+{{- if not (gt (include "trainer.quantityValue" . | float64) 0.0) }}
+{{- fail (printf "%s: %q is no CPU; give at least 1m" (index . 0) (index . 1)) }}
+{{- end }}
 {{- end }}
 {{- if $v.memoryLimit }}
 {{- $request := include "trainer.quantityValue" (list "memoryRequest" $v.memoryRequest) | float64 }}

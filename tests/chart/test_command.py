@@ -315,14 +315,23 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
 
     # Both checks run at once: each is mostly torch's import, so the pair costs about one.
     ok_check = start_check({"preset": "tiny", "seqLen": 128})
-    # The chart refuses seqLen beyond the preset itself; extraTrainerArgs (appended last) get past it.
-    bad_check = start_check({"preset": "tiny", "seqLen": 128, "extraTrainerArgs": ["--seq-len=100000"]})
+    # What only the trainer checks (its snapshot directory must not be the checkpoint directory) stops
+    # here; extraTrainerArgs may add no flag the chart sets, so this one the chart leaves to the trainer.
+    ckpt_dir = env_of(trainer_container(render({"preset": "tiny", "seqLen": 128})))["CHECKPOINT_DIR"]
+    bad_check = start_check(
+        {
+            "preset": "tiny",
+            "seqLen": 128,
+            "snapshotInterval": 1,
+            "extraTrainerArgs": [f"--snapshot-dir={ckpt_dir}"],
+        }
+    )
     ok_out, ok_err = ok_check.communicate(timeout=120)
     _, bad_err = bad_check.communicate(timeout=120)
     assert ok_check.returncode == 0, ok_err
     assert "config ok" in ok_out
     assert bad_check.returncode == 2, bad_err
-    assert "seq_len" in bad_err
+    assert "snapshot_dir" in bad_err
 
 
 def test_preset_vocabularies_mirror_the_trainer() -> None:

@@ -150,13 +150,13 @@ def test_the_separator_comes_after_every_trainer_option() -> None:
         "entrypoint": TEAM,
         "entrypointArgs": ["--steps=5", "x"],
         "faults": {"a": "sigkill:step=7:rank=1"},
-        "extraTrainerArgs": ["--lr=0.001"],
+        "extraTrainerArgs": ["--snapshot-dir=/dev/shm/snap"],
     }
     trainer, check = _containers(render(values))
     flags = _trainer_part(trainer["command"] + trainer["args"])
     cut = flags.index("--")
     assert flags[cut:] == ["--", "--steps=5", "x"]
-    assert flags[cut - 1] == "--lr=0.001" and "--fault=sigkill:step=7:rank=1" in flags[:cut]
+    assert flags[cut - 1] == "--snapshot-dir=/dev/shm/snap" and "--fault=sigkill:step=7:rank=1" in flags[:cut]
     assert f"--entrypoint={TEAM}" in flags[:cut]
     # check-config: the trainer's very options, then --check-config, then the same entry arguments.
     assert check["command"] == ["python", "-m", "trainer"]

@@ -327,7 +327,7 @@ def test_validate_command_exits_2_with_the_error_as_last_line(tmp_path: Path) ->
     )
     assert run.returncode == 2
     assert run.stderr.splitlines() == [
-        "error: teams[0].gpu_node_group.min_nodes: must be an integer, got true"
+        "error: teams[0].gpu_node_group.min_nodes: must be an integer, got true (line 17)"
     ]
     ok = subprocess.run(
         [sys.executable, "-m", "infra.teams", str(REPO_ROOT / "teams.yaml")],

@@ -27,7 +27,6 @@ VALUES = {
     "ckptMode": "sync",
     "maxRestarts": 6,
     "faults": {"a": "sigkill:step=7:rank=1"},
-    "extraTrainerArgs": ["--lr=0.001"],
 }
 PLACES = LocalPlaces(4321, Path("/data/t.npy"), Path("/runs/r1"))
 
@@ -58,7 +57,11 @@ def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
     assert "--out-dir=/runs/r1" in got and "--ckpt-dir=/runs/r1/ckpt" in got
     assert "--ckpt-local-dir=/runs/r1-local" in got and "--data-path=/data/t.npy" in got
     assert "--max-restarts=6" in got and "--fault=sigkill:step=7:rank=1" in got
-    assert got[-1] == "--lr=0.001" and "--metrics-port=0" in got and "--device=cpu" in got
+    assert (
+        got[-1] == "--entrypoint=trainer.reference:train"
+        and "--metrics-port=0" in got
+        and "--device=cpu" in got
+    )
 
 
 def test_without_prefork_the_launcher_is_the_command() -> None:
@@ -92,7 +95,7 @@ def test_the_entry_point_and_its_arguments_come_last_exactly_as_written() -> Non
     assert entry == ENTRY_ARGS
     assert got == [*options, "--", *ENTRY_ARGS]
     # Every trainer option stays before the cut, the chart's own appended ones included.
-    assert "--entrypoint=team.train:main" in options and options[-1] == "--lr=0.001"
+    assert options[-1] == "--entrypoint=team.train:main"
     assert "--fault=sigkill:step=7:rank=1" in options and "--out-dir=/runs/r1" in options
     part = trainer_argv(values, PLACES)
     assert part[:2] == ["-m", "trainer"] and part[-len(ENTRY_ARGS) - 1 :] == ["--", *ENTRY_ARGS]
@@ -105,4 +108,4 @@ def test_the_entry_point_and_its_arguments_come_last_exactly_as_written() -> Non
 def test_an_unexpanded_reference_in_the_options_is_still_an_error() -> None:
     # Only the entry point's arguments may hold a literal `$(`: a trainer option with one is a mistake.
     with pytest.raises(RenderError, match="unexpanded"):
-        pod_argv({**VALUES, "extraTrainerArgs": ["--lr=$(NO_SUCH_VAR)"]}, PLACES)
+        pod_argv({**VALUES, "extraTrainerArgs": ["--snapshot-dir=$(NO_SUCH_VAR)"]}, PLACES)

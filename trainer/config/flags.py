@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 from trainer.config.settings import ConfigError
@@ -41,15 +43,47 @@ def finite_float(text: str) -> float:
     return value
 
 
+# Actions a flag may legitimately repeat: each occurrence adds (--fault A --fault B) or counts.
+_REPEATABLE = (argparse._AppendAction, argparse._CountAction, argparse._HelpAction)
+
+
 class FlagParser(argparse.ArgumentParser):
-    """ArgumentParser with strict `type=int`/`type=float` and ConfigError instead of usage + exit 2."""
+    """ArgumentParser with strict `type=int`/`type=float` and ConfigError instead of usage + exit 2.
+
+    No abbreviations (`--ste=5` is not `--steps`) and no flag given twice (`--steps=1000 --steps=5` would
+    silently run 5): either would let a later argument override a value a layer above already checked.
+    """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         # add_argument(type=int) looks its type up in this registry first: swap in the strict parsers
         # without touching every option's definition.
         self.register("type", int, int64)
         self.register("type", float, finite_float)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._refuse_repeats(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_repeats(self, args: list[str]) -> None:
+        """A flag (or its --no- form) given twice before `--` is an error naming it."""
+        seen: dict[str, str] = {}
+        for token in args:
+            if token == "--":
+                break
+            if not token.startswith("--"):
+                continue
+            option = token.split("=", 1)[0]
+            action = self._option_string_actions.get(option)
+            if action is None or isinstance(action, _REPEATABLE):
+                continue
+            if action.dest in seen:
+                name = action.option_strings[0]  # --inprocess for --no-inprocess too: one field
+                self.error(f"argument {name}: given twice ({seen[action.dest]} and {token}); give it once")
+            seen[action.dest] = token
 
     def error(self, message: str) -> NoReturn:
         raise ConfigError(_field_of(message), _why_of(message))

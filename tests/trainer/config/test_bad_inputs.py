@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port
+from tests.trainer._jobs import overriding
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -389,7 +390,8 @@ def test_bad_flag_or_place_fails_check_config_in_one_line(
     case = cases[index]
     for name, value in case.env.items():
         clean_env.setenv(name, value)
-    status, err = run_main([*base_args(good_tokens, tmp_path / "out"), *case.extra, "--check-config"], capsys)
+    argv = overriding(base_args(good_tokens, tmp_path / "out"), case.extra)
+    status, err = run_main([*argv, "--check-config"], capsys)
     assert status == 2, case.name
     assert_one_line(err, case.field, case.text)
     assert not (tmp_path / "out").exists(), "--check-config created the output directory"

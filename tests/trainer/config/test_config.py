@@ -112,7 +112,17 @@ def test_bad_config_exits_before_any_process_group(data: Path, tmp_path: Path) -
     out_dir = tmp_path / "out"
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", *_args(data, "--seq-len", "4096"), "--out-dir", str(out_dir)],
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--data-path",
+            str(data),
+            "--seq-len",
+            "4096",
+            "--out-dir",
+            str(out_dir),
+        ],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

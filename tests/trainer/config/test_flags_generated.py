@@ -1,6 +1,6 @@
 """Generated trainer flags: the project's own valid flag sets, mutated (types, whitespace, newlines, unicode,
-boundaries, nan/inf, huge ints, repeated, missing and unknown flags), each run through the entry point
-with --check-config. Every result is either a clean rejection (exit 2, one `config error: <field>: ...`
+boundaries, nan/inf, huge ints, repeated, abbreviated, missing and unknown flags), each run through the entry
+point with --check-config. Every result is either a clean rejection (exit 2, one `config error: <field>: ...`
 line naming a known field, no traceback) or an acceptance whose configuration holds the value exactly as
 written. A seeded generator of our own (no new dependency): the same cases every run, printed on failure.
 """
@@ -274,13 +274,9 @@ def generate(data: Path, out: Path, tmp: Path) -> list[Case]:
             Case(f"set{set_index}:unknown flag", [*flat, "--no-such-flag=1"]),
             Case(f"set{set_index}:flag without value", [*flat, "--steps"]),
             Case(f"set{set_index}:missing --data-path", [a for a in flat if not a.startswith("--data-path")]),
-            Case(
-                f"set{set_index}:repeated --steps (last wins)",
-                [*flat, "--steps=7", "--steps=9"],
-                BY_NAME["--steps"],
-                "9",
-            ),
+            Case(f"set{set_index}:repeated --steps (refused)", [*flat, "--steps=7", "--steps=9"]),
             Case(f"set{set_index}:ambiguous prefix", [*flat, "--ckpt=3"]),
+            Case(f"set{set_index}:unique prefix (refused)", [*flat, "--ckpt-inter=3"]),
             Case(f"set{set_index}:positional", [*flat, "extra"]),
             Case(f"set{set_index}:bool flag with value", [*flat, "--inprocess=yes"]),
             Case(f"set{set_index}:empty argument", [*flat, ""]),
@@ -384,3 +380,74 @@ def test_generated_cases_through_the_real_command_line(gen_tokens: Path, tmp_pat
         assert lines and lines[-1].startswith("config error: ") and "Traceback" not in proc.stderr, (
             proc.stderr
         )
+
+
+def _options() -> list[tuple[str, str, bool, bool]]:
+    """(option, dest, repeatable, takes a value) of every long option of the trainer's parser."""
+    import argparse
+
+    from trainer.config.flags import make_parser
+
+    repeatable = (argparse._AppendAction, argparse._CountAction, argparse._HelpAction)
+    return [
+        (o, a.dest, isinstance(a, repeatable), a.nargs != 0)
+        for a in make_parser()._actions
+        for o in a.option_strings
+        if o.startswith("--")
+    ]
+
+
+def test_every_flag_given_twice_is_refused_naming_it(
+    gen_tokens: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every option (and its --no- twin) given a second time stops in one line naming its field, whatever
+    the values; only the options that add up (--fault) may repeat. argparse alone keeps the last."""
+    from trainer.__main__ import main
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    rng = random.Random(SEED)
+    base = {"--data-path": str(gen_tokens), "--out-dir": str(tmp_path / "out"), "--device": "cpu"}
+    by_dest: dict[str, list[tuple[str, bool]]] = {}
+    for option, dest, repeatable, takes_value in _options():
+        if not repeatable and option != "--check-config":
+            by_dest.setdefault(dest, []).append((option, takes_value))
+    assert len(by_dest) > 30
+    for _dest, names in sorted(by_dest.items()):
+        given = [rng.choice(names), rng.choice(names)]
+        written = [f"{o}={rng.choice(['1', '0.5', 'x'])}" if v else o for o, v in given]
+        kept = [f"{k}={v}" for k, v in base.items() if k not in (given[0][0], given[1][0])]
+        status = main([*kept, *written, "--check-config"])
+        _, err = capsys.readouterr()
+        where = f"{written}: {err!r}"
+        assert status == 2 and err.count("\n") == 1, where
+        field = names[0][0].lstrip("-").replace("-", "_")
+        assert err.startswith(f"config error: {field}: given twice"), where
+    # --fault adds up: two are two faults, not a repeat
+    from trainer.config.train_config import config_from_args
+
+    argv = [*(f"{k}={v}" for k, v in base.items()), "--fault=exception:step=3", "--fault=sigkill:step=5"]
+    assert len(config_from_args(argv, env={}).faults.specs) == 2
+
+
+def test_every_abbreviation_of_a_flag_is_refused(
+    gen_tokens: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A prefix of an option that is no option itself is refused (argparse would expand `--ste` to
+    `--steps`), naming the argument; sampled, two per option."""
+    from trainer.__main__ import main
+
+    for name in LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    rng = random.Random(SEED)
+    names = {o for o, _, _, _ in _options()}
+    base = [f"--data-path={gen_tokens}", f"--out-dir={tmp_path / 'out'}", "--device=cpu", "--check-config"]
+    tried = 0
+    for option in sorted(names):
+        prefixes = [option[:n] for n in range(4, len(option)) if option[:n] not in names]
+        for prefix in rng.sample(prefixes, min(2, len(prefixes))):
+            status = main([*base, f"{prefix}=1"])
+            _, err = capsys.readouterr()
+            assert status == 2 and err.startswith("config error: arguments: unrecognized"), (prefix, err)
+            tried += 1
+    assert tried > 40

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import REPO_ROOT, free_port
+from tests.trainer._jobs import overriding
 from tools.localpods import LocalJob, node_places, node_pod_spec
 from tools.podcommand import LocalPlaces, pod_argv
 
@@ -89,7 +90,7 @@ def job(
     specs = []
     for i in range(nnodes):  # each pod on a node of its own: its own NVMe and /dev/shm folders
         places = node_places(LocalPlaces(port, data, out), i)
-        argv = [*pod_argv(chart_values, places), *extra]
+        argv = overriding(pod_argv(chart_values, places), extra)  # the trainer refuses a repeated flag
         # GROUP_RANK: the infrastructure rank NVRx orders a round's nodes by, so pod i starts as node i
         # (the rendezvous service ranks the launchers; none of them is pod 0 by hosting the store).
         pod_env = {**env, "GROUP_RANK": str(i)}
