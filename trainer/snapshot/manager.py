@@ -1,4 +1,5 @@
-"""What the training loop calls: snapshot after a step, restore before the first step, clean up at the end.
+"""What the training loop calls: snapshot after a step, get ready for the restore before the first step
+(the restore itself is trainer/recovery/restore.py `restore_attempt`), clean up at the end.
 
 One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.runtime.train.Trainer), so
 an in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class Snapshots:
-    """Snapshot policy of one process; a disabled config makes every call a no-op but `restore`."""
+    """Snapshot policy of one process; a disabled config makes every call a no-op but `before_restore`."""
 
     def __init__(self, cfg: SnapshotConfig, *, rank: int, world_size: int, fingerprint: str) -> None:
         self.cfg, self.rank = cfg, rank
