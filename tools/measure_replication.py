@@ -114,6 +114,7 @@ class _NoCheckpoint:
 
     def __init__(self, root: Path) -> None:
         self.cfg = argparse.Namespace(dir=root / "no-ckpt")
+        self.manager = argparse.Namespace(local=None)  # no node-local tier either
 
     def restore(self, _state: Any) -> int:
         return -1
