@@ -65,7 +65,7 @@ def _rank_main(rank: int, world_size: int, port: int, job: dict[str, Any], resul
     from torch.distributed.fsdp import fully_shard
 
     from trainer.checkpoint import CheckpointConfig, CheckpointManager
-    from trainer.checkpoint.state import build_save_dict, copy_into
+    from trainer.state.save_dict import build_save_dict, copy_into
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # One intra-op thread per rank, as torchrun/ft_launcher set it: ranks sharing cores with spinning

@@ -19,7 +19,7 @@ issues per round, and the real exporter reads synthetic event files in the train
   LauncherBeat set,
   the two watchers' real RoundWatch.check (check+get of N keys each), and every rank's check of the
   verdict key. Measured: a watcher's poll (its detection granularity) and the store's operations.
-- restore agreement (trainer/snapshot/restore.py): the all_gather row per rank and what each rank then
+- restore agreement (trainer/recovery/restore.py): the all_gather row per rank and what each rank then
   does with W rows (tolist, the sets of steps, their intersection), timed on synthetic rows.
 - exporter: a run of R ranks (8 per node) x S steps written with bench.scale_events, folded once, then
   10 more steps (one snapshot) appended and scraped: lines parsed, records held and wall time of that
@@ -238,8 +238,8 @@ def restore_agreement(ranks: int) -> dict[str, Any]:
     """The all_gather row of the restore agreement and one rank's work on W rows (module doc)."""
     import torch
 
+    from trainer.recovery.restore import OFFERED
     from trainer.snapshot.replica import ROW
-    from trainer.snapshot.restore import OFFERED
 
     width = OFFERED + 1 + ROW
     rows = [torch.full((width,), 7, dtype=torch.int64) for _ in range(ranks)]

@@ -69,11 +69,11 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
     import torch
 
     from trainer.checkpoint import CheckpointConfig, CheckpointManager
-    from trainer.checkpoint.state import apply_loaded, build_save_dict
-    from trainer.snapshot import codec
     from trainer.snapshot.config import SnapshotConfig
     from trainer.snapshot.manager import Snapshots
     from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+    from trainer.state import codec
+    from trainer.state.save_dict import apply_loaded, build_save_dict
 
     state = _state(mib)
     save = build_save_dict(state, 0)
@@ -105,7 +105,7 @@ def measure(mib: int, reps: int, shm: Path, ckpt_dir: Path) -> dict[str, Any]:
 
     def restore_from(s: SnapshotStore) -> float:
         t0 = time.perf_counter()
-        (offer, *_), _ = s.offers(verify_payload=False)  # as trainer/snapshot/restore.py: load checks
+        (offer, *_), _ = s.offers(verify_payload=False)  # as trainer/recovery/restore.py: load checks
         template = build_save_dict(state, 0)
         skel, ts = codec.flatten(template)
         apply_loaded(state, s.load(offer, template, codec.layout_id(skel, codec.plan(ts)[0])), 0)

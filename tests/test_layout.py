@@ -109,6 +109,91 @@ def test_trainer_tests_mirror_the_trainer_packages() -> None:
     assert all((trainer_tests / name / "__init__.py").exists() for name in folders)
 
 
+# Subpackages of trainer/ that import each other (in any file, at any depth, also inside a function or
+# under `if TYPE_CHECKING:`): a pair is a layering question left open, since neither sits below the
+# other. Pairs tolerated for now, each sorted; the list must only shrink (a pair that is no longer mutual
+# fails below until it is removed).
+KNOWN_MUTUAL_SUBPACKAGES: set[tuple[str, str]] = {
+    # The api's Job calls the runtime's session and failures; the runtime builds the Job (moving the Job's
+    # implementation into the runtime ends it).
+    ("api", "runtime"),
+    # TrainConfig composes each component's config (checkpoint/config.py, snapshot/config.py,
+    # resilience/timeouts.py, the reference model's options, the runtime's fault specs), and those
+    # components import config/'s errors and settings mechanism.
+    ("checkpoint", "config"),
+    ("config", "reference"),
+    ("config", "resilience"),
+    ("config", "runtime"),
+    ("config", "snapshot"),
+    # The reference entry point runs under the runtime; the runtime's preflight checks its data file.
+    ("reference", "runtime"),
+}
+
+
+def subpackage_imports(root: Path) -> dict[tuple[str, str], set[str]]:
+    """(importing subpackage, imported subpackage) of trainer/ -> the importing files."""
+    edges: dict[tuple[str, str], set[str]] = {}
+    subpackages = {p.parent.name for p in (root / "trainer").glob("*/__init__.py")}
+    for path in sorted((root / "trainer").rglob("*.py")):
+        parts = path.relative_to(root / "trainer").parts
+        if len(parts) < 2:
+            continue  # trainer/__init__.py, trainer/__main__.py: the top, above every subpackage
+        for name in imported_modules(path):
+            dotted = name.split(".")
+            if dotted[0] == "trainer" and len(dotted) > 1 and dotted[1] in subpackages - {parts[0]}:
+                edges.setdefault((parts[0], dotted[1]), set()).add(str(path.relative_to(root)))
+    return edges
+
+
+def mutual_subpackages(root: Path) -> dict[tuple[str, str], str]:
+    """Each sorted pair of trainer subpackages that import each other, with a file on each side."""
+    edges = subpackage_imports(root)
+    return {
+        (a, b): f"{sorted(edges[(a, b)])[0]} imports {b}; {sorted(edges[(b, a)])[0]} imports {a}"
+        for a, b in edges
+        if a < b and (b, a) in edges
+    }
+
+
+def test_no_two_trainer_subpackages_import_each_other() -> None:
+    mutual = mutual_subpackages(REPO_ROOT)
+    assert {pair: why for pair, why in mutual.items() if pair not in KNOWN_MUTUAL_SUBPACKAGES} == {}
+    fixed = sorted(KNOWN_MUTUAL_SUBPACKAGES - set(mutual))
+    assert fixed == [], f"no longer mutual: remove {fixed} from KNOWN_MUTUAL_SUBPACKAGES"
+
+
+# The restore tiers in layers (docs/design.md): state/ below, checkpoint/ and snapshot/ side by side,
+# recovery/ above both. What each may not import, not even one way.
+TIER_LAYERS: dict[str, set[str]] = {
+    "checkpoint": {"snapshot", "recovery"},
+    "snapshot": {"checkpoint", "recovery"},
+}
+
+
+def test_the_restore_tiers_are_layered() -> None:
+    edges = subpackage_imports(REPO_ROOT)
+    subpackages = {p.parent.name for p in (REPO_ROOT / "trainer").glob("*/__init__.py")}
+    never = {**TIER_LAYERS, "state": subpackages - {"state"}}  # state/ imports no other subpackage
+    upward = {pair: sorted(files) for pair, files in edges.items() if pair[1] in never.get(pair[0], set())}
+    assert upward == {}
+
+
+def test_the_subpackage_checker_finds_a_pair_through_lazy_and_type_only_imports(tmp_path: Path) -> None:
+    for sub in ("low", "high", "side"):
+        (tmp_path / "trainer" / sub).mkdir(parents=True)
+        (tmp_path / "trainer" / sub / "__init__.py").write_text("")
+    (tmp_path / "trainer" / "__init__.py").write_text("from trainer.low import a\n")  # the top: not a pair
+    (tmp_path / "trainer" / "high" / "a.py").write_text("from trainer.low.b import x\n")
+    (tmp_path / "trainer" / "low" / "b.py").write_text("def f():\n    import trainer.high.a\nx = 1\n")
+    (tmp_path / "trainer" / "side" / "c.py").write_text(
+        "import typing\nif typing.TYPE_CHECKING:\n    from trainer import low\n"
+    )
+    assert set(mutual_subpackages(tmp_path)) == {("high", "low")}
+    # side imports low only for type checking: that counts
+    (tmp_path / "trainer" / "low" / "d.py").write_text("from trainer.side import c\n")
+    assert set(mutual_subpackages(tmp_path)) == {("high", "low"), ("low", "side")}
+
+
 # Import cycles between the project's files: every import (at module level, under `if TYPE_CHECKING:`, or
 # inside a function) is an edge from the importing file to the file of the module it names. Hiding one
 # import of a pair in a function only moves the cycle to run time, so it counts too.

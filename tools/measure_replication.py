@@ -29,6 +29,7 @@ def _rank(rank: int, world_size: int, port: int, preset: str, steps: int, root: 
     import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
 
+    from trainer.recovery.restore import restore_attempt
     from trainer.reference.model import PRESETS, build_model
     from trainer.snapshot.config import SnapshotConfig
     from trainer.snapshot.manager import Snapshots
@@ -58,7 +59,7 @@ def _rank(rank: int, world_size: int, port: int, preset: str, steps: int, root: 
         )
         snaps = Snapshots(snap_cfg, rank=rank, world_size=world_size, fingerprint=preset)
         events = _Events()
-        snaps.restore(_NoCheckpoint(Path(root)), state, torch.device("cpu"), events)
+        restore_attempt(snaps, _NoCheckpoint(Path(root)), state, torch.device("cpu"), events)
         gen = torch.Generator().manual_seed(rank)
         step_s, blocked_s = [], []
         for step in range(steps):
@@ -113,6 +114,7 @@ class _NoCheckpoint:
 
     def __init__(self, root: Path) -> None:
         self.cfg = argparse.Namespace(dir=root / "no-ckpt")
+        self.manager = argparse.Namespace(local=None)  # no node-local tier either
 
     def restore(self, _state: Any) -> int:
         return -1

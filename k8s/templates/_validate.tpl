@@ -84,8 +84,8 @@ unquoted y, yes, on (n, no, off) key arrives as "true" ("false"), and two of the
 {{- $step := get $seen "step" | int }}
 {{- $last := sub (int $v.steps) 1 }}
 {{- if has $kind (list "ckpt-crash" "ckpt-write-error") }}
-{{- /* It fires in the first save at or after its step (trainer/checkpoint/policy.py next_due). The run's
-     last step always saves (policy.is_due), so whatever ckptInterval is, there is such a save exactly
+{{- /* It fires in the first save at or after its step (trainer/state/cadence.py next_due). The run's
+     last step always saves (cadence.is_due), so whatever ckptInterval is, there is such a save exactly
      when the step is in the run (tests/trainer/config/test_chart_agreement.py checks both agree). */}}
 {{- if gt $step $last }}
 {{- fail (printf "faults.%s: %q never fires: no checkpoint is saved at or after step %d (steps %d: the last save follows step %d)" $name $spec $step (int $v.steps) $last) }}

@@ -175,7 +175,7 @@ def test_values_that_cannot_run_fail_naming_the_value(values: dict[str, Any], me
         {"metricsPort": 29403},
         {"faults": {"a": "ckpt-crash:step=999"}},
         # No interval save at or after step 950 (899 is the last), but the final step always saves
-        # (trainer/checkpoint/policy.py is_due): the trainer fires it there, so the chart accepts it.
+        # (trainer/state/cadence.py is_due): the trainer fires it there, so the chart accepts it.
         {"faults": {"a": "ckpt-crash:step=950"}, "ckptInterval": 300},
         {"faults": {"a": "sigkill:step=999:rank=15:node=1"}},
         {"preset": "tiny", "seqLen": 512},

@@ -204,8 +204,10 @@ class Job:
         return self._steps(entries, loop_state, data)  # checked now, at the call, not at the first next()
 
     def _steps(self, entries: dict[str, Any], loop_state: LoopState, data: Any) -> Iterator[tuple[int, Any]]:
+        from trainer.recovery.restore import restore_attempt
+
         s, events, faults, cfg = self._session, self._events, self._faults, self._cfg
-        restored = self._snapshots.restore(s.ckpt, entries, self.device, events)
+        restored = restore_attempt(self._snapshots, s.ckpt, entries, self.device, events).step
         if restored >= 0 and loop_state.step != restored:
             raise RuntimeError(f"checkpoint of step {restored} holds trainer step {loop_state.step}")
         self._heartbeat.start()

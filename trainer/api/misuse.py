@@ -117,7 +117,7 @@ def check_state(scheduler: Any, state: Mapping[str, Any] | None) -> dict[str, An
 
 def check_encodable(entries: Mapping[str, Any]) -> None:
     """Every entry's state_dict holds only what a snapshot and a checkpoint keep exactly."""
-    from trainer.snapshot import codec
+    from trainer.state import codec
 
     for name, obj in entries.items():
         try:

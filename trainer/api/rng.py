@@ -4,7 +4,7 @@ Dropout and any other torch randomness draw from torch's default CPU generator (
 current device's); data code often uses Python's `random` and NumPy's legacy global generator. A resume
 that restored the weights but not these streams would train on different dropout masks than the run it
 replaces, and exactness would be lost. Each stream is kept as tensors (fixed structure, so a snapshot's
-layout never changes between steps): the state dict is per rank (trainer/checkpoint/state.py). Each
+layout never changes between steps): the state dict is per rank (trainer/state/save_dict.py). Each
 attempt starts from streams seeded by (seed, rank) (`seed_all`).
 """
 

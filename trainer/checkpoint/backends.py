@@ -29,7 +29,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
 from trainer.checkpoint.errors import CheckpointWriteError
-from trainer.checkpoint.state import Stager
+from trainer.state.save_dict import Stager
 
 log = logging.getLogger(__name__)
 

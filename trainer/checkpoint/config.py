@@ -41,7 +41,7 @@ class CheckpointConfig:
         "--ckpt-interval", "save every N steps", default=10, low=1, why=_AT_LEAST_ONE, chart="ckptInterval"
     )
     """Save after every step s with (s + 1) % interval_steps == 0 (steps are 0-based), and after the last
-    step of the run whatever the interval (trainer/checkpoint/policy.py `is_due`)."""
+    step of the run whatever the interval (trainer/state/cadence.py `is_due`)."""
     keep_latest: int = setting(
         "--ckpt-keep", "committed checkpoints to keep", default=3, low=1, why=_AT_LEAST_ONE, chart="ckptKeep"
     )

@@ -49,7 +49,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from trainer.checkpoint.errors import CheckpointWriteError
-from trainer.snapshot import codec
+from trainer.state import codec
 
 log = logging.getLogger(__name__)
 

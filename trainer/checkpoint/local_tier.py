@@ -13,7 +13,7 @@ the ranks of a node never coordinate here: rank R's part of a step exists exactl
 The seal is written once every rank's write is done (an agreement of the manager), before the drain:
 a crash during the drain leaves a complete local copy (and the shared directory's previous commit
 untouched), and the group may restore from the local copy if every rank still has it (restore order
-in trainer/snapshot/restore.py). The drain re-checks each byte it copies against the sealed CRC32.
+in trainer/recovery/restore.py). The drain re-checks each byte it copies against the sealed CRC32.
 
 Retention is per rank, after each seal: it keeps the step just sealed and the newest keep - 1 other
 sealed steps of this model, deletes this rank's parts of the rest and its unsealed leftovers older than

@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 
 from trainer.checkpoint import layout
-from trainer.checkpoint.state import Rollback, apply_loaded, build_load_dict
+from trainer.state.save_dict import Rollback, apply_loaded, build_load_dict
 
 log = logging.getLogger(__name__)
 

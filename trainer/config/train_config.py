@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.checkpoint.policy import next_due
 from trainer.config.components import (
     COMPONENTS,
     DataConfig,
@@ -36,6 +35,7 @@ from trainer.reference.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 from trainer.runtime.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
 from trainer.snapshot.config import SnapshotConfig
+from trainer.state.cadence import next_due
 
 __all__ = ["ConfigError", "TrainConfig", "config_from_args", "make_parser"]
 

@@ -188,7 +188,7 @@ def sticky_group_ranks(barrier_module: Any) -> bool:
 # supervisor keeps, trainer/launcher/supervise.py) and offers it as a claim before it joins a round; the
 # host honours claims only for nodes it has no memory of and only for ranks nobody else holds. A claim
 # moves no data: a wrong one (a stale file) costs a restore from peers or the durable checkpoint, never
-# a wrong resume (the restore agreement, trainer/snapshot/restore.py, decides what is loaded).
+# a wrong resume (the restore agreement, trainer/recovery/restore.py, decides what is loaded).
 
 CLAIM_PREFIX = "trainer/rendezvous/claim/"
 """Store key prefix of a joining node's claim: `<prefix><node descriptor>` = its pod's last group rank,

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.checkpoint.policy import is_due
 from trainer.config.settings import check, setting
+from trainer.state.cadence import is_due
 
 DEFAULT_DIR = Path("/dev/shm/trainer-snapshots")
 """In the pod's memory-backed /dev/shm. The one definition of this path: the chart mounts /dev/shm (a

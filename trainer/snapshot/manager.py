@@ -1,4 +1,5 @@
-"""What the training loop calls: snapshot after a step, restore before the first step, clean up at the end.
+"""What the training loop calls: snapshot after a step, get ready for the restore before the first step
+(the restore itself is trainer/recovery/restore.py `restore_attempt`), clean up at the end.
 
 One `Snapshots` object per process (built by `Snapshots.for_run`, held by trainer.runtime.train.Trainer), so
 an in-process restart (tier 1) finds the snapshot its previous iteration wrote still mapped (`memory`), and
@@ -21,12 +22,11 @@ import torch
 from trainer.events import spans
 from trainer.snapshot.budget import adamw_estimate, check_fits, replica_limit
 from trainer.snapshot.config import SnapshotConfig, run_fingerprint
-from trainer.snapshot.plan import SavePlan
 from trainer.snapshot.replica import PeerReplicas
 from trainer.snapshot.replica_net import local_address
-from trainer.snapshot.restore import Restored, restore
 from trainer.snapshot.ring import Ring
 from trainer.snapshot.store import Reusable, SnapshotStore, WriteResult
+from trainer.state.plan import SavePlan
 
 if TYPE_CHECKING:
     from trainer.config.train_config import TrainConfig
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class Snapshots:
-    """Snapshot policy of one process; a disabled config makes every call a no-op but `restore`."""
+    """Snapshot policy of one process; a disabled config makes every call a no-op but `before_restore`."""
 
     def __init__(self, cfg: SnapshotConfig, *, rank: int, world_size: int, fingerprint: str) -> None:
         self.cfg, self.rank = cfg, rank
@@ -47,9 +47,8 @@ class Snapshots:
         )
         self.peers = self._peers(world_size) if self.store is not None and cfg.replication else None
         self._checked_bytes = 0
-        self.restored: Restored | None = None
         self.plan = SavePlan(rank)
-        """The save dict each snapshot copies, kept within an attempt (trainer/snapshot/plan.py)."""
+        """The save dict each snapshot copies, kept within an attempt (trainer/state/plan.py)."""
 
     @classmethod
     def for_run(cls, cfg: TrainConfig, *, rank: int, world_size: int) -> Snapshots:
@@ -83,21 +82,16 @@ class Snapshots:
         if local and local[0].is_cuda:
             self.store.pin()
 
-    def restore(self, ckpt: Any, state: dict[str, Any], device: torch.device, events: Any) -> int:
-        """Check the memory budget, then restore (snapshot, peer replica or durable checkpoint); the step."""
-        self.plan.reset()  # a new attempt: nothing of the last one's objects is reused (or kept alive)
+    def before_restore(self, state: dict[str, Any], events: Any) -> None:
+        """A new attempt, before the restore agreement (trainer/recovery/restore.py `restore_attempt`):
+        nothing of the last attempt's objects is reused (or kept alive), the budget is checked against
+        this attempt's model, and no replica of a (possibly abandoned) past lands after the agreement."""
+        self.plan.reset()
         self.check_budget(state["model"])
         if self.peers is not None:
             self.peers.events = events
-            self.peers.quiesce()  # no replica of this (possibly abandoned) past lands after the agreement
+            self.peers.quiesce()
         spans.mark("budget")
-        return self.last_restore(
-            restore(self.store, ckpt, state, rank=self.rank, device=device, events=events, peers=self.peers)
-        )
-
-    def last_restore(self, restored: Restored) -> int:
-        self.restored = restored
-        return restored.step
 
     def after_step(self, step: int, state: dict[str, Any]) -> WriteResult | None:
         """Snapshot `state` (labelled `step`, the last step it includes) when the interval says so.

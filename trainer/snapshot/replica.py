@@ -7,7 +7,7 @@ One `PeerReplicas` per process (it outlives in-process restarts, like the Snapsh
   commits is skipped. The loop never waits for the network, except when it is about to overwrite the
   very slot being sent (a send slower than two snapshot intervals): `before_write` waits for it, and
   that wait is counted in the snapshot's blocked time;
-- the restore side: `offer_row` / `learn` join the restore agreement (trainer/snapshot/restore.py),
+- the restore side: `offer_row` / `learn` join the restore agreement (trainer/recovery/restore.py),
   `fetch` pulls this rank's replica from whoever holds it (a replaced node's /dev/shm is empty).
 
 Holder addresses travel in the restore agreement's all_gather (IPv4 address and port as integers), so

@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from trainer.snapshot import codec
 from trainer.snapshot.checksum import payload_checksum
+from trainer.state import codec
 
 log = logging.getLogger(__name__)
 

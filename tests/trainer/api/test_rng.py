@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trainer.api import rng
-from trainer.snapshot import codec
+from trainer.state import codec
 
 CPU = torch.device("cpu")
 N = 50

@@ -132,7 +132,7 @@ def test_a_committed_save_lets_go_of_its_writer_where_it_commits(tmp_path: Path,
         snap = snaps.after_step(0, state)
         assert snap is not None
         mgr.save(0, state, snap.reusable)
-        write = mgr._from_snapshot._current  # type: ignore[union-attr]
+        write = mgr.saver._from_snapshot._current  # type: ignore[union-attr]
         mgr.wait()
         assert mgr.committed_step == 0 and write is not None and write.inner is None
     finally:
@@ -342,7 +342,7 @@ def test_the_worker_counts_as_up_only_once_it_has_run_its_warm_up_request(
 
     mgr = _manager(tmp_path, "nvrx", worker_started=False)
     try:
-        backend = mgr._backend
+        backend = mgr.saver._backend
         assert NvrxBackend._prewarm is not None
         NvrxBackend._prewarm.join(60)
         assert backend.worker_ready()

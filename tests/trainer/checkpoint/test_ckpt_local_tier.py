@@ -32,8 +32,8 @@ from trainer.checkpoint import (
     layout,
 )
 from trainer.checkpoint import local_tier as local_tier_module
-from trainer.checkpoint.state import fingerprint
-from trainer.snapshot.restore import restore
+from trainer.recovery.restore import restore
+from trainer.state.save_dict import fingerprint
 
 
 def crc32_file(path: Path) -> str:

@@ -245,7 +245,7 @@ def test_dead_nvrx_worker_raises_instead_of_hanging(tmp_path: Path, one_rank: An
         train_step(state, 0)
         mgr.save(0, state)
         mgr.wait()
-        worker = nvrx_async.worker_process(mgr._backend._queue_in_use)
+        worker = nvrx_async.worker_process(mgr.saver._backend._queue_in_use)
         worker.kill()  # e.g. the OOM killer; NVRx itself would now wait forever
         worker.join(10)
         train_step(state, 1)

@@ -96,7 +96,7 @@ def _save_steps(root: Path, state: dict[str, Any], steps: range, **kw: Any) -> N
 
 # ----------------------------------------------------------------------------------- 1: the last steps
 def test_policy_saves_the_last_step_whatever_the_interval() -> None:
-    from trainer.checkpoint.policy import is_due
+    from trainer.state.cadence import is_due
 
     assert [s for s in range(10) if is_due(s, 4, last_step=9)] == [3, 7, 9]
     assert [s for s in range(60) if is_due(s, 8, last_step=59)][-2:] == [55, 59]  # the demo's last 4 steps
@@ -307,7 +307,7 @@ def test_nvrx_writer_is_gone_after_abort(tmp_path: Path, mesh: Any) -> None:
     mgr = _manager(root, "nvrx")
     _train_step(state, 0)
     mgr.save(0, state)
-    worker = nvrx_async.worker_process(mgr._backend._queue_in_use)
+    worker = nvrx_async.worker_process(mgr.saver._backend._queue_in_use)
     procs = [psutil.Process(worker.pid), *psutil.Process(worker.pid).children(recursive=True)]
     for proc in procs:
         proc.send_signal(signal.SIGSTOP)  # frozen mid-write: slow storage
@@ -414,7 +414,7 @@ def test_nvrx_saves_again_after_a_failed_save_on_the_same_manager(tmp_path: Path
         _train_step(state, 0)
         mgr.save(0, state)
         mgr.wait()
-        worker = nvrx_async.worker_process(mgr._backend._queue_in_use)
+        worker = nvrx_async.worker_process(mgr.saver._backend._queue_in_use)
         worker.kill()  # the OOM killer, say: this save fails...
         worker.join(10)
         _train_step(state, 1)
@@ -475,7 +475,7 @@ def test_a_pending_save_is_not_polled_with_a_collective_every_step(
     real_all_reduce = dist.all_reduce
 
     def counting(tensor: Any, *args: Any, group: Any = None, **kw: Any) -> Any:
-        if group is not None and group is mgr._pg:
+        if group is not None and group is mgr.ctx.pg:
             agreements.append(tensor.clone())
         return real_all_reduce(tensor, *args, group=group, **kw)
 

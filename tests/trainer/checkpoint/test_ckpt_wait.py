@@ -57,13 +57,13 @@ def _save_with_a_slow_peer(rank: int, world_size: int, root: str, mode: str) -> 
     hooks = CheckpointHooks(progress=lambda: calls.append(1))
     mgr = CheckpointManager(cfg, rank=rank, world_size=world_size, hooks=hooks)
     if mode == "nvrx" and rank == 1:  # its write runs in NVRx's worker process: slow this rank's
-        durable = mgr._durable_files  # fsync + CRC32 of its shards instead (the same wait follows)
+        durable = mgr.saver._durable_files  # fsync + CRC32 of its shards instead (the same wait follows)
 
         def slow_durable(tmp: Path, durable: Any = durable) -> Any:
             time.sleep(SLOW_S)
             return durable(tmp)
 
-        mgr._durable_files = slow_durable  # type: ignore[method-assign]
+        mgr.saver._durable_files = slow_durable  # type: ignore[method-assign]
     t0 = time.monotonic()
     try:
         mgr.save(0, state)

@@ -77,14 +77,14 @@ def test_a_refused_claim_starts_no_checkpoint_writer(
 ) -> None:
     """The claim comes before the writers: a job that stops on it has spawned no NVRx worker or
     write-results Manager for its exit to wait on (a refused job once outlived a 120 s timeout so)."""
-    from trainer.checkpoint import manager as manager_mod
+    from trainer.checkpoint import saver as saver_mod
 
     Lease(tmp_path / "ckpt", "job-a").claim()  # live: this process, this host, a fresh heartbeat
 
     def no_writer_yet(mode: str, *args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"a {mode} writer was built before the claim was settled")
 
-    monkeypatch.setattr(manager_mod, "make_backend", no_writer_yet)
+    monkeypatch.setattr(saver_mod, "make_backend", no_writer_yet)
     monkeypatch.setenv("JOB_ID", "job-b")
     with pytest.raises(UnrecoverableError, match=r"^ckpt_dir: .* is in use by job 'job-a'"):
         CheckpointManager(CheckpointConfig(dir=tmp_path / "ckpt", mode="nvrx"), rank=0, world_size=1)
@@ -123,7 +123,7 @@ def test_a_second_job_on_a_claimed_directory_stops_with_one_line(
 def test_a_run_whose_checkpoint_directory_was_deleted_never_restores_old_nvme_steps(
     one_rank: Any, tmp_path: Path
 ) -> None:
-    from trainer.snapshot.restore import restore
+    from trainer.recovery.restore import restore
 
     cfg = CheckpointConfig(dir=tmp_path / "fsx" / "run", mode="sync", interval_steps=1,
                            local_dir=tmp_path / "nvme" / "run")  # fmt: skip

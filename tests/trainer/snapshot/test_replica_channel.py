@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint.state import build_save_dict
 from trainer.snapshot import replica_net
 from trainer.snapshot.replica_shelf import ReplicaShelf
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+from trainer.state.save_dict import build_save_dict
 
 KEY = b"k" * 32
 

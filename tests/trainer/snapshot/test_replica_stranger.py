@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
+from trainer.recovery.restore import restore_attempt
 from trainer.snapshot.config import SnapshotConfig
 from trainer.snapshot.manager import Snapshots
 
@@ -75,7 +76,7 @@ def _run(rank: int, world_size: int, root_str: str) -> None:
 
     snaps, ckpt, events = _process(root, rank)
     state = make_state(mesh, seed=0)
-    assert snaps.restore(ckpt, state, torch.device("cpu"), events) == -1  # keys the channel
+    assert restore_attempt(snaps, ckpt, state, torch.device("cpu"), events).step == -1  # keys the channel
     stranger = _stranger(snaps, hold_s=20.0) if rank == 0 else None
     if stranger is not None:
         assert stranger.stdout is not None
@@ -103,8 +104,8 @@ def _run(rank: int, world_size: int, root_str: str) -> None:
     dist.barrier()
     snaps, ckpt, events = _process(root, rank)
     state = make_state(mesh, seed=7)
-    assert snaps.restore(ckpt, state, torch.device("cpu"), events) == LOST_AFTER
-    assert snaps.restored is not None and snaps.restored.source == ("shm", "peer")[rank]
+    restored = restore_attempt(snaps, ckpt, state, torch.device("cpu"), events)
+    assert (restored.step, restored.source) == (LOST_AFTER, ("shm", "peer")[rank])
     for step in range(LOST_AFTER + 1, STEPS):
         train_step(state, step)
         snaps.after_step(step, state)

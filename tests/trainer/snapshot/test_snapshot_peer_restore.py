@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
+from trainer.recovery.restore import restore_attempt
 from trainer.snapshot import replica_net
 from trainer.snapshot.config import SnapshotConfig
 from trainer.snapshot.manager import Snapshots
@@ -90,7 +91,7 @@ def _case(rank: int, mesh: Any, root: Path, case: str, expected_digest: str) -> 
 
     snaps, ckpt, events = _process(root, rank)
     state = make_state(mesh, seed=0)
-    assert snaps.restore(ckpt, state, torch.device("cpu"), events) == -1
+    assert restore_attempt(snaps, ckpt, state, torch.device("cpu"), events).step == -1
     assert snaps.peers is not None, "two nodes: replication is on"
     _train(state, range(LOST_AFTER + 1), snaps, ckpt)
     assert snaps.peers.flush(timeout_s=60), "the last snapshot was not replicated"
@@ -115,17 +116,13 @@ def _case(rank: int, mesh: Any, root: Path, case: str, expected_digest: str) -> 
 
     snaps, ckpt, events = _process(root, rank)
     state = make_state(mesh, seed=7)  # other weights: the restore must overwrite every value
-    restored = snaps.restore(ckpt, state, torch.device("cpu"), events)
+    restored = restore_attempt(snaps, ckpt, state, torch.device("cpu"), events)
     step, *sources = EXPECTED[case]
-    assert (restored, snaps.restored.source if snaps.restored else None) == (step, sources[rank]), (
-        rank,
-        case,
-        snaps.restored,
-    )
+    assert (restored.step, restored.source) == (step, sources[rank]), (rank, case, restored)
     restores = [e for e in events.seen if e["ev"] == "restore"]
     assert [(e["step"], e["source"]) for e in restores] == [(step, sources[rank])], restores
     if case == "transit" and rank == 1:
-        assert snaps.restored and any("checksum" in r for r in snaps.restored.refused), snaps.restored
+        assert any("checksum" in r for r in restored.refused), restored
     _train(state, range(step + 1, STEPS), snaps, ckpt)
     digest = _digest(state)
     assert digest == expected_digest, f"rank {rank}, case {case}: state differs from the fault-free run"

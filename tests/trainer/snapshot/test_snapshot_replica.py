@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint.state import build_save_dict
 from trainer.config.errors import UnrecoverableError
 from trainer.snapshot import replica_net
 from trainer.snapshot.budget import check_fits
 from trainer.snapshot.replica_shelf import ReplicaShelf
 from trainer.snapshot.ring import Ring
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+from trainer.state.save_dict import build_save_dict
 
 
 def test_ring_keeps_each_rank_on_the_next_node_with_the_same_local_rank() -> None:

@@ -1,7 +1,7 @@
 """Snapshot store (trainer/snapshot/store.py): round trip, double buffering, checksums, refusals.
 
 One process, a plain model with AdamW: the store only sees a checkpoint save dict (FSDP2 shards are
-plain local tensors to it; tests/trainer/snapshot/test_snapshot_dist.py covers the sharded case).
+plain local tensors to it; tests/trainer/recovery/test_restore_dist.py covers the sharded case).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.checkpoint.state import apply_loaded, build_save_dict
 from trainer.config.errors import UnrecoverableError
-from trainer.snapshot import codec
 from trainer.snapshot import store as store_module
 from trainer.snapshot.budget import check_fits
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+from trainer.state import codec
+from trainer.state.save_dict import apply_loaded, build_save_dict
 
 
 class Counter:

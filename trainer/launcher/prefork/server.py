@@ -41,7 +41,7 @@ PRELOAD = (
     "trainer.checkpoint",
     "trainer.checkpoint.backends",
     "trainer.checkpoint.resume",
-    "trainer.snapshot.restore",
+    "trainer.recovery.restore",
     "trainer.snapshot.replica",
     "trainer.resilience.inprocess",
     "trainer.resilience.heartbeat",

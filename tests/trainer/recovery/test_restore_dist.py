@@ -1,4 +1,4 @@
-"""Restore agreement across 2 gloo ranks with FSDP2 shards (trainer/snapshot/restore.py).
+"""Restore agreement across 2 gloo ranks with FSDP2 shards (trainer/recovery/restore.py).
 
 Every rank must resume at the same step: the newest step every rank can restore from memory, else the
 durable checkpoint. A rank whose newest snapshot is damaged pulls the whole group back to the step
@@ -20,10 +20,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from tests.trainer._ckpt import Events
 from tests.trainer._dist import run_ranks
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager
-from trainer.checkpoint.state import build_save_dict
+from trainer.recovery.restore import restore
 from trainer.reference.model import ModelConfig, build_model
-from trainer.snapshot.restore import restore
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+from trainer.state.save_dict import build_save_dict
 
 pytestmark = pytest.mark.slow
 

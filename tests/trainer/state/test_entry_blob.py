@@ -1,4 +1,4 @@
-"""A per-rank entry as one opaque value (trainer/checkpoint/entry_blob.py): whatever its structure, it
+"""A per-rank entry as one opaque value (trainer/state/entry_blob.py): whatever its structure, it
 comes back as saved, key types, tuples and tensors included; anything else is refused, never guessed."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.checkpoint import entry_blob
+from trainer.state import entry_blob
 
 
 def test_round_trip_keeps_structure_key_types_and_tensors() -> None:

@@ -6,7 +6,7 @@ The loop passes {"model": nn.Module, "optim": Optimizer | None, <name>: Stateful
   these are DTensor shards, saved in DCP's reshardable format (a 2-rank checkpoint loads on 1 rank).
 - Every other entry (the trainer's step, data cursor, RNG states, a scheduler, a team's state) is *per
   rank*: DCP would deduplicate identical keys across ranks and keep one rank's copy, so each rank saves
-  it under "<name>@rank<R>", as one opaque value (trainer/checkpoint/entry_blob.py): it comes back as
+  it under "<name>@rank<R>", as one opaque value (trainer/state/entry_blob.py): it comes back as
   saved whatever its structure, where a template built from the fresh object would lose keys it gained.
   At load, a rank whose own entry is missing (the world grew) takes rank 0's; the data cursor is built to
   continue at the same global sample position in that case.
@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_optimizer_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
-from trainer.checkpoint import entry_blob
+from trainer.state import entry_blob
 
 MODEL, OPTIM = "model", "optim"
 

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.checkpoint.state import MODEL, OPTIM, build_save_dict, per_rank_entries
-from trainer.snapshot import codec
+from trainer.state import codec
+from trainer.state.save_dict import MODEL, OPTIM, build_save_dict, per_rank_entries
 
 
 @dataclass

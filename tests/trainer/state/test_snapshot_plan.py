@@ -1,4 +1,4 @@
-"""The save dict a snapshot copies, kept within an attempt (trainer/snapshot/plan.py), and the store's
+"""The save dict a snapshot copies, kept within an attempt (trainer/state/plan.py), and the store's
 one commit thread: reuse only while the live tensors stay put, and every snapshot exact either way.
 
 One process, a plain model with AdamW (as in test_snapshot_store.py); a snapshot is checked
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint.state import apply_loaded, build_save_dict
-from trainer.snapshot import codec
 from trainer.snapshot.config import SnapshotConfig
 from trainer.snapshot.manager import Snapshots
 from trainer.snapshot.store import SnapshotStore
+from trainer.state import codec
+from trainer.state.save_dict import apply_loaded, build_save_dict
 
 
 class Counter:
@@ -139,7 +139,7 @@ def test_a_new_attempt_builds_afresh(tmp_path: Path) -> None:
     snaps = snapshots(tmp_path)
     train(a, 1)
     snaps.after_step(0, a)
-    snaps.plan.reset()  # what Snapshots.restore does at the start of each attempt
+    snaps.plan.reset()  # what Snapshots.before_restore does at the start of each attempt
     train(a, 1)
     snaps.after_step(1, a)
     assert snaps.plan.builds == 2

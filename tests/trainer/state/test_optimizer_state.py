@@ -1,5 +1,5 @@
 """A fresh worker's restore creates the optimizer's state without an optimizer step
-(trainer/checkpoint/state.py: create_optimizer_state), on a 1-rank FSDP2 mesh in this process."""
+(trainer/state/save_dict.py: create_optimizer_state), on a 1-rank FSDP2 mesh in this process."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from torch.distributed.checkpoint.state_dict import _init_optim_state
 
 from tests.trainer._ckpt import SMALL
-from trainer.checkpoint.state import build_save_dict, create_optimizer_state
 from trainer.reference.model import build_model
-from trainer.snapshot import codec
+from trainer.state import codec
+from trainer.state.save_dict import build_save_dict, create_optimizer_state
 
 
 def _layout(state: dict[str, Any]) -> str:

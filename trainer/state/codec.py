@@ -1,6 +1,6 @@
 """A checkpoint-style state dict <-> (a JSON skeleton, a list of local tensors), and back.
 
-The snapshot keeps exactly what a durable checkpoint keeps (trainer/checkpoint/state.py's save dict:
+The snapshot keeps exactly what a durable checkpoint keeps (trainer/state/save_dict.py's save dict:
 model and optimizer as FSDP2 DTensor shards, per-rank trainer state), but as raw bytes of each rank's
 local shard: no resharding, no pickling. Non-tensor values (step counters, betas, the data cursor) go
 into a JSON skeleton whose tags keep tuples tuples and dict keys of any JSON type, because the optimizer's
@@ -61,7 +61,7 @@ def _encode(state: Any, on_tensor: Any) -> Any:
             return {"t": [enc(x) for x in v]}
         if isinstance(v, list):
             return {"l": [enc(x) for x in v]}
-        if isinstance(v, bytes):  # an encoded per-rank entry (trainer/checkpoint/entry_blob.py)
+        if isinstance(v, bytes):  # an encoded per-rank entry (trainer/state/entry_blob.py)
             return {"b": base64.b64encode(v).decode("ascii")}
         if v is None or isinstance(v, bool | int | float | str):
             return v

@@ -1,4 +1,4 @@
-"""The restore agreement's cost (trainer/snapshot/restore.py): what a snapshot restore does not
+"""The restore agreement's cost (trainer/recovery/restore.py): what a snapshot restore does not
 pay for, and the one round it must keep.
 
 - A snapshot newer than every rank's newest locally sealed step is restored after one all_gather and the
@@ -24,10 +24,10 @@ import torch.distributed as dist
 
 from tests.trainer._ckpt import Events, make_state, snapshot, train_step
 from trainer.checkpoint import CheckpointConfig, CheckpointLoop, CheckpointManager, local_tier
-from trainer.checkpoint.state import build_save_dict
+from trainer.recovery.restore import restore
 from trainer.snapshot import store as store_module
-from trainer.snapshot.restore import restore
 from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
+from trainer.state.save_dict import build_save_dict
 
 COLLECTIVES = (
     "all_gather",
@@ -221,7 +221,7 @@ def test_a_pull_from_a_peer_waits_for_one_round_in_which_every_holder_learned_th
 def test_a_filled_template_skips_the_models_reload_and_a_copy_does_not(
     one_rank: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trainer.checkpoint import state as state_module
+    from trainer.state import save_dict as state_module
 
     source = make_state(one_rank)
     train_step(source, 0)

@@ -4,7 +4,7 @@ Sources, in the order tried (SOURCES below; Contract 3 lists them as the `restor
 `memory` (this process's own snapshot: tier 1, in-process restart), `shm` (a snapshot left in the pod's
 /dev/shm by an earlier worker process: tier 2, worker restart), `peer` (this rank's replica kept by a
 rank on another node: a replaced or spare node, whose /dev/shm is empty), `local` (the durable
-checkpoint's copy on the node's NVMe, trainer/checkpoint/local_restore.py), the durable checkpoint
+checkpoint's copy on the node's NVMe, trainer/recovery/local_restore.py), the durable checkpoint
 (`fsx`), or nothing (`none`, a fresh start). A newer step wins; of one step, the earlier source.
 
 The agreement is one small all_gather on the training group: each rank offers the steps of its verified
@@ -14,7 +14,7 @@ newest committed durable step. Every rank then restores the newest step that eve
 memory (its own snapshot, else its peer's replica), if it is at least as new as the durable checkpoint
 and as the local one; after loading, one more all_reduce confirms that every rank succeeded. The local
 tier is verified (each rank checksums its files, and a second all_gather agrees on the steps,
-trainer/checkpoint/local_restore.py) only when a local step could win: when the snapshot step is older
+trainer/recovery/local_restore.py) only when a local step could win: when the snapshot step is older
 than the oldest of the ranks' newest sealed steps, or no snapshot loads.
 If any rank failed (a replica that fails its checksum once pulled, a peer gone meanwhile), that step is
 struck off and the group agrees again, down to the durable checkpoint: a rank never resumes at a step
@@ -31,14 +31,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import layout, local_restore
-from trainer.checkpoint.local_restore import NONE
-from trainer.checkpoint.state import apply_filled, build_save_dict
+from trainer.checkpoint import layout
 from trainer.events import spans
-from trainer.snapshot import codec
+from trainer.recovery import local_restore
+from trainer.recovery.local_restore import NONE
 from trainer.snapshot.store import Offer, SnapshotStore
+from trainer.state import codec
+from trainer.state.save_dict import apply_filled, build_save_dict
 
 if TYPE_CHECKING:
+    from trainer.snapshot.manager import Snapshots
     from trainer.snapshot.replica import PeerReplicas
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,17 @@ class Restored:
     """This rank's snapshots that were not offered, with why."""
 
 
+def restore_attempt(
+    snapshots: Snapshots, ckpt: Any, state: dict[str, Any], device: torch.device, events: Any
+) -> Restored:
+    """Before an attempt's first step: ready the snapshots (their budget, the replicas quiet), then
+    `restore` from the newest source every rank has. A collective: all ranks call it."""
+    snapshots.before_restore(state, events)
+    return restore(
+        snapshots.store, ckpt, state, rank=snapshots.rank, device=device, events=events, peers=snapshots.peers
+    )
+
+
 def restore(
     store: SnapshotStore | None,
     ckpt: Any,
@@ -88,52 +101,137 @@ def restore(
     for reason in refused:
         log.warning("snapshot not offered: %s", reason)
     spans.mark("offers")
-    durable = _newest_durable_step(ckpt) if rank == 0 else -1
-    spans.mark("durable_scan")
-    mine = [o.header.step for o in offers][:OFFERED]
-    peer_row = peers.offer_row() if peers is not None else []
-    own_row = mine + [-1] * (OFFERED - len(mine)) + [durable, local_restore.newest_sealed(ckpt)]
-    row = torch.tensor(own_row + peer_row, dtype=torch.int64, device=device)
-    rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
-    dist.all_gather(rows, row)
-    spans.mark("agree")
-    table = [r.tolist() for r in rows]
-    durable = int(table[0][OFFERED])
-    local_bound = min(int(r[OFFERED + 1]) for r in table)  # no local step every rank has is newer
-    has = [{s for s in r[:OFFERED] if s >= 0} for r in table]
-    own = [set(steps) for steps in has]
-    if peers is not None:  # a step a peer keeps a replica of counts as one the rank has
-        for owner, steps in enumerate(peers.learn([r[OFFERED + 2 :] for r in table])):
-            has[owner] |= steps
-    spans.mark("learn")
-    local: local_restore.LocalCandidates | None = None
+    table = _Table.agree(offers, ckpt, rank, device, peers)
+    local = _LocalSource(ckpt, state, table, device, refused)
+    tiers = _Tiers(store, peers)
+    snapshot, tried = _restore_snapshot(table, offers, tiers, state, rank, device, local, refused, t0)
+    if snapshot is not None:
+        step, source, path, load_s = snapshot
+        events.emit("restore", step=step, path=path, load_s=load_s, source=source)
+        return Restored(step, source, path, load_s, [], refused)
+    from_local = local_restore.restore_local(ckpt, state, local.candidates(), events=events, t0=t0)
+    if from_local is not None:
+        tiers.keep_up_to(from_local[0])
+        return Restored(from_local[0], "local", from_local[1], from_local[2], [], refused)
+    return _restore_durable(ckpt, state, table, tiers, tried, t0, refused)
 
-    def verified_local() -> local_restore.LocalCandidates:
-        # The local tier is verified (each rank's files read and checksummed, one more all_gather) only
-        # once a local step could win: every rank decides alike, from the table.
-        nonlocal local
-        if local is None:
-            could = local_bound >= max(durable, 0)
-            local = local_restore.agree(ckpt, state, durable, device) if could else NONE
-            refused.extend(local.refused)
+
+@dataclass(frozen=True)
+class _Table:
+    """What one all_gather on the training group told every rank alike (each rank offers its snapshot
+    steps, its newest locally sealed step and the replicas it keeps; rank 0 the newest durable step)."""
+
+    durable: int
+    """The newest committed durable step (rank 0's scan; -1: none)."""
+    local_bound: int
+    """No local step that every rank has is newer (the minimum of the ranks' newest sealed steps)."""
+    has: list[set[int]]
+    """Per rank, the snapshot steps it can restore: its own, and those a peer keeps a replica of."""
+    own: list[set[int]]
+    """Per rank, the snapshot steps of its own slots."""
+
+    @property
+    def common(self) -> set[int]:
+        """The snapshot steps every rank can restore."""
+        return set.intersection(*self.has)
+
+    @classmethod
+    def agree(
+        cls, offers: list[Offer], ckpt: Any, rank: int, device: torch.device, peers: PeerReplicas | None
+    ) -> _Table:
+        durable = _newest_durable_step(ckpt) if rank == 0 else -1
+        spans.mark("durable_scan")
+        mine = [o.header.step for o in offers][:OFFERED]
+        peer_row = peers.offer_row() if peers is not None else []
+        own_row = mine + [-1] * (OFFERED - len(mine)) + [durable, local_restore.newest_sealed(ckpt)]
+        row = torch.tensor(own_row + peer_row, dtype=torch.int64, device=device)
+        rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, row)
+        spans.mark("agree")
+        table = [r.tolist() for r in rows]
+        has = [{s for s in r[:OFFERED] if s >= 0} for r in table]
+        own = [set(steps) for steps in has]
+        if peers is not None:  # a step a peer keeps a replica of counts as one the rank has
+            for owner, steps in enumerate(peers.learn([r[OFFERED + 2 :] for r in table])):
+                has[owner] |= steps
+        spans.mark("learn")
+        local_bound = min(int(r[OFFERED + 1]) for r in table)
+        return cls(int(table[0][OFFERED]), local_bound, has, own)
+
+
+class _LocalSource:
+    """The local tier's candidates, verified (each rank's files read and checksummed, one more
+    all_gather) only once a local step could win: every rank decides alike, from the table."""
+
+    def __init__(
+        self, ckpt: Any, state: dict[str, Any], table: _Table, device: torch.device, refused: list[str]
+    ) -> None:
+        self._ckpt, self._state, self._table, self._device, self._refused = (
+            ckpt,
+            state,
+            table,
+            device,
+            refused,
+        )
+        self._candidates: local_restore.LocalCandidates | None = None
+
+    def candidates(self) -> local_restore.LocalCandidates:
+        if self._candidates is None:
+            durable = self._table.durable
+            could = self._table.local_bound >= max(durable, 0)
+            found = local_restore.agree(self._ckpt, self._state, durable, self._device) if could else NONE
+            self._refused.extend(found.refused)
+            self._candidates = found
             spans.mark("local_agree")
-        return local
+        return self._candidates
 
-    common = set.intersection(*has)
-    if peers is not None and any(common - steps for steps in own):
+    def newer_than(self, step: int) -> bool:
+        """A local step newer than `step` every rank can restore (verifies only when one could be)."""
+        return step < self._table.local_bound and step < self.candidates().newest
+
+
+@dataclass(frozen=True)
+class _Tiers:
+    """The snapshot tiers of this rank: after a restore of any source, nothing newer is kept or served."""
+
+    store: SnapshotStore | None
+    peers: PeerReplicas | None
+
+    def keep_up_to(self, step: int) -> None:
+        if self.store is not None:
+            self.store.discard_newer_than(step)
+        if self.peers is not None:
+            self.peers.after_restore(step)
+
+
+def _restore_snapshot(
+    table: _Table,
+    offers: list[Offer],
+    tiers: _Tiers,
+    state: dict[str, Any],
+    rank: int,
+    device: torch.device,
+    local: _LocalSource,
+    refused: list[str],
+    t0: float,
+) -> tuple[tuple[int, str, str, float] | None, bool]:
+    """The newest snapshot step every rank restored, with this rank's source, slot path and the seconds
+    since `t0` it took (None when none is at least as new as the durable and the local checkpoint, or
+    none loaded on every rank), and whether any was tried (its load may have overwritten part of the
+    live state). A step that failed on any rank is struck off and the group agrees on the next one."""
+    common = table.common
+    if tiers.peers is not None and any(common - steps for steps in table.own):
         # A rank will pull from a peer, and a holder serves only once `learn` gave it the channel key:
         # one empty all_reduce lets every rank learn first (a pull before it was refused, and the whole
         # group fell back a step).
         _all_succeeded(True, device)  # nobody failed anything yet: a barrier on the training group
         spans.mark("keyed")
-    tried_template = False
+    tried = False
     for step in sorted(common, reverse=True):
-        if step < durable:
+        if step < table.durable or local.newer_than(step):
             break
-        if step < local_bound and step < verified_local().newest:  # a newer local checkpoint wins
-            break
-        tried_template = True
-        found = _snapshot_source(step, offers, store, peers)
+        tried = True
+        found = _snapshot_source(step, offers, tiers.store, tiers.peers)
         spans.mark("fetch")
         if isinstance(found, str):
             error: str | None = found
@@ -143,38 +241,31 @@ def restore(
         ok = _all_succeeded(error is None, device)
         spans.mark("confirm")
         if ok:
-            assert store is not None and not isinstance(found, str)
-            store.discard_newer_than(step)
+            assert not isinstance(found, str)
             path, load_s = str(source_store.path(offer.slot)), time.perf_counter() - t0
-            if peers is not None:
-                peers.after_restore(step)
+            tiers.keep_up_to(step)
             spans.mark("cleanup")
-            events.emit("restore", step=step, path=path, load_s=load_s, source=source)
-            return Restored(step, source, path, load_s, [], refused)
+            return (step, source, path, load_s), tried
         log.warning("snapshot of step %d not restored on every rank (here: %s); agreeing again", step, error)
         refused.append(f"step {step}: {error or 'failed on another rank'}")
-    from_local = local_restore.restore_local(ckpt, state, verified_local(), events=events, t0=t0)
-    if from_local is not None:
-        if store is not None:
-            store.discard_newer_than(from_local[0])
-        if peers is not None:
-            peers.after_restore(from_local[0])
-        return Restored(from_local[0], "local", from_local[1], from_local[2], [], refused)
+    return None, tried
+
+
+def _restore_durable(
+    ckpt: Any, state: dict[str, Any], table: _Table, tiers: _Tiers, tried: bool, t0: float, refused: list[str]
+) -> Restored:
+    """The durable checkpoint (the CheckpointLoop's own restore and its `restore` event), else a fresh
+    start."""
     result = ckpt.restore(state)
-    if result < 0 and tried_template:
+    if result < 0 and tried:
         # A failed snapshot load may have overwritten part of the live state, and there is no durable
         # checkpoint to overwrite it again: start over in fresh objects, without those snapshots.
-        assert store is not None
-        store.discard_newer_than(min(common) - 1)
-        if peers is not None:
-            peers.after_restore(min(common) - 1)
+        assert tiers.store is not None
+        tiers.keep_up_to(min(table.common) - 1)
         raise RuntimeError("a snapshot restore failed part-way and no checkpoint exists: restarting")
-    if peers is not None:
-        peers.after_restore(result)
     if result < 0:
         _reset_optimizer(state)
-    if store is not None:
-        store.discard_newer_than(result)
+    tiers.keep_up_to(result)
     source = "fsx" if result >= 0 else "none"
     return Restored(result, source, "", time.perf_counter() - t0, [], refused)
 

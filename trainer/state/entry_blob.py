@@ -6,7 +6,7 @@ DCP loads into a template: the fresh object's own state dict. For model and opti
 have keys of any type, and a template built from the fresh object then drops the new keys, or turns int
 keys into DCP's string paths beside the stale ones. One opaque value per entry needs no template: the
 whole state dict comes back as it was saved, key types and all. The encoding is the snapshot codec's
-(trainer/snapshot/codec.py: a JSON skeleton with tagged tuples and keys, raw tensor bytes), so nothing in
+(trainer/state/codec.py: a JSON skeleton with tagged tuples and keys, raw tensor bytes), so nothing in
 it is pickled; DCP stores the byte string as its own pickled `bytes`, read only after the checkpoint's
 manifest and digests are verified (trainer/checkpoint/resume.py).
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainer.snapshot import codec
+from trainer.state import codec
 
 MAGIC = b"TRENTRY1"
 _HEADER = struct.Struct("<8sQ")

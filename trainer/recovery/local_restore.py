@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, ReadItem
 
 from trainer.checkpoint.local_tier import LocalOffer
-from trainer.checkpoint.state import Rollback, fingerprint
+from trainer.state.save_dict import Rollback, fingerprint
 
 log = logging.getLogger(__name__)
 
