@@ -1,7 +1,7 @@
 """A typical FSDP2 training script, ported to the blueprint: GPT-2 from its config, dropout, AdamW with a
 warmup schedule, and a dataset whose position the library saves. Run with
-`python -m trainer --entrypoint=examples.gpt2.train:train --data-path=... -- --layers 2` (the chart:
-`entrypoint: examples.gpt2.train:train`), or `torchrun -m examples.gpt2.train --data-path=... --`."""
+`python -m trainer --entrypoint=examples.gpt2.train:train -- --layers 2` (the chart:
+`entrypoint: examples.gpt2.train:train`), or `torchrun -m examples.gpt2.train -- --layers 2`."""
 
 from __future__ import annotations
 

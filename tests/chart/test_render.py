@@ -45,7 +45,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "hugepages2Mi": "",
         "memoryLimit": "1800Gi",
         "extraEnv": {"NCCL_NVLS_ENABLE": "0", "TORCH_LOGS": "dynamo"},
-        "extraTrainerArgs": ["--lr=0.0001"],
+        "extraTrainerArgs": ["--fault-seed=5"],
         "activeDeadlineSeconds": 86400,
         "ttlSecondsAfterFinished": 3600,
         "failJobExitCodes": [],

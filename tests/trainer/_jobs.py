@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import REPO_ROOT, free_port
-from tools.podcommand import LocalPlaces, pod_argv, trainer_argv
+from tools.podcommand import LocalPlaces, pod_argv, trainer_argv, with_options
 
 STEPS = 10
 CKPT_INTERVAL = 3  # saves after steps 2, 5, 8
@@ -52,14 +52,17 @@ RUN_VALUES: dict[str, Any] = {
 
 
 def trainer_args(data: Path, out: Path, *extra: str, steps: int = STEPS) -> list[str]:
-    """The trainer's part of the pod command (`-m trainer ...`) for a small, fast CPU run, then `extra`."""
-    return [*trainer_argv({**RUN_VALUES, "steps": steps}, LocalPlaces(free_port(), data, out)), *extra]
+    """The trainer's part of the pod command (`-m trainer ...`) for a small, fast CPU run, with `extra`
+    last among the trainer's options (before the reference model's, after `--`)."""
+    argv = trainer_argv({**RUN_VALUES, "steps": steps}, LocalPlaces(free_port(), data, out))
+    return with_options(argv, extra)
 
 
 def pod_command(data: Path, out: Path, *extra: str, max_restarts: int = 2) -> list[str]:
-    """The whole pod command (ft_launcher, 2 local ranks, then the trainer), then `extra`."""
+    """The whole pod command (ft_launcher, 2 local ranks, then the trainer), `extra` last among the
+    trainer's options."""
     values = {**RUN_VALUES, "maxRestarts": max_restarts}
-    return [*pod_argv(values, LocalPlaces(free_port(), data, out)), *extra]
+    return with_options(pod_argv(values, LocalPlaces(free_port(), data, out)), extra)
 
 
 def torchrun(max_restarts: int = 0, nproc: int = 2) -> list[str]:

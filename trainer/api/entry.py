@@ -132,8 +132,7 @@ def run(argv: Sequence[str], train: TrainFn | None = None, *, recorded_checked: 
         return final
     if check_only:
         ranks = f"{world.world_size} ranks" if world.world_size else "world size not known here"
-        what = f"preset {cfg.model.preset}" if cfg.run.reference else f"entry point {cfg.run.entrypoint}"
-        print(printable(f"config ok: {what}, {cfg.run.steps} steps, {ranks}, data {cfg.data.path}"))
+        print(printable(f"config ok: entry point {cfg.run.entrypoint}, {cfg.run.steps} steps, {ranks}"))
         return 0
     logging.basicConfig(
         level=os.environ.get("TRAINER_LOG_LEVEL", "WARNING"),

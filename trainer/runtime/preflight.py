@@ -1,12 +1,12 @@
 """Start-up checks that need the file system and the environment but no process group.
 
 `TrainConfig.validate` checks values; this checks what the values point at: the entry point's own inputs
-(for the reference model: the token file fits the model and the world size), the output and checkpoint
-directories are directories this process can write, every fault names a rank and node that exist, and the
-metrics port is free and no store's port. It runs in `--check-config` (the pod's init container, where a
-failure exits 2 and the Job fails at once) and again at every worker's start-up (where it exits 93,
-ft_launcher's no-restart code), so a mistake costs one start, not a restart storm. Each failure is a
-ConfigError naming the field.
+(its `checked_by` check; the reference model's parses its options and checks its token file), the output
+and checkpoint directories are directories this process can write, every fault names a rank and node
+that exist, and the metrics port is free and no store's port. It runs in `--check-config` (the pod's
+init container, where a failure exits 2 and the Job fails at once) and again at every worker's start-up
+(where it exits 93, ft_launcher's no-restart code), so a mistake costs one start, not a restart storm.
+Each failure is a ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from trainer.config.inputs import bounded_seconds, check_dir_lookup, check_env
 from trainer.config.train_config import ConfigError, TrainConfig
-from trainer.reference.data_check import check_token_file
 from trainer.runtime.faults import RANDOM
 
 if TYPE_CHECKING:
@@ -177,7 +176,7 @@ def preflight(
     """Run every check that needs no process group; raise ConfigError naming the field.
 
     `entry_check`: the entry point's own check of its inputs (the reference model's is
-    `check_token_data`), run after the environment's and before the directories'.
+    trainer/reference/entry.py `check_reference`), run after the environment's and before the directories'.
 
     `check_config`: in the init container every pod tries to bind the metrics port; at start-up only
     local rank 0 does (it serves the node's endpoint; another local rank would race with it).
@@ -192,13 +191,3 @@ def preflight(
     check_fault_targets(cfg, world)
     check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
     return world
-
-
-def check_token_data(cfg: TrainConfig, world: World) -> None:
-    """The reference model's data: the token file fits the preset's vocabulary and the world size."""
-    check_token_file(
-        cfg.data.path,
-        vocab_size=cfg.arch.vocab_size,
-        seq_len=cfg.data.seq_len,
-        world_size=world.world_size or 1,
-    )

@@ -197,17 +197,9 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.reference.data import write_synthetic_tokens
-
-    return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 5_000, 2048, seed=1)
-
-
-def check_config(
-    argv: list[str], capsys: pytest.CaptureFixture[str], tokens: Path, out: Path
-) -> tuple[int, str, str]:
-    options = [f"--data-path={tokens}", f"--out-dir={out}", "--device=cpu", "--steps=7", "--check-config"]
+def check_config(argv: list[str], capsys: pytest.CaptureFixture[str], out: Path) -> tuple[int, str, str]:
+    # No --data-path, --preset or --seq-len: a team's entry point needs no reference-model option.
+    options = [f"--out-dir={out}", "--device=cpu", "--steps=7", "--check-config"]
     status = entry.run([*options, *argv])
     captured = capsys.readouterr()
     return status, captured.out, captured.err
@@ -234,14 +226,13 @@ def test_check_config_runs_the_teams_check_and_fails_in_one_line(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
 ) -> None:
     name = team(CHECKED_TEAM)
     clean_env.setenv("NNODES", "2")
     clean_env.setenv("NPROC_PER_NODE", "4")
     status, out, err = check_config(
-        [f"--entrypoint={name}:train", "--", "--bad", "y"], capsys, tokens, tmp_path / "out"
+        [f"--entrypoint={name}:train", "--", "--bad", "y"], capsys, tmp_path / "out"
     )
     assert status == 2, (out, err)
     assert err.splitlines() == ["config error: team_data: x"], err
@@ -253,13 +244,10 @@ def test_check_config_with_a_valid_team_entry_point(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
 ) -> None:
     name = team(CHECKED_TEAM)
-    status, out, err = check_config(
-        [f"--entrypoint={name}:train", "--", "--good"], capsys, tokens, tmp_path / "out"
-    )
+    status, out, err = check_config([f"--entrypoint={name}:train", "--", "--good"], capsys, tmp_path / "out")
     assert status == 0, (out, err)
     lines = out.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"config ok: entry point {name}:train, 7 steps"), out
@@ -272,11 +260,10 @@ def test_check_config_with_an_unchecked_team_entry_point(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
 ) -> None:
     name = team("def train(job):\n    raise AssertionError('--check-config must not train')\n")
-    status, out, err = check_config([f"--entrypoint={name}"], capsys, tokens, tmp_path / "out")
+    status, out, err = check_config([f"--entrypoint={name}"], capsys, tmp_path / "out")
     assert status == 0, (out, err)
     assert out.startswith(f"config ok: entry point {name}, 7 steps"), out
 
@@ -293,13 +280,12 @@ def test_check_config_with_a_bad_entry_point(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
     source: str | None,
     text: str,
 ) -> None:
     name = "no_such_team_module_z" if source is None else team(source)
-    status, out, err = check_config([f"--entrypoint={name}:train"], capsys, tokens, tmp_path / "out")
+    status, out, err = check_config([f"--entrypoint={name}:train"], capsys, tmp_path / "out")
     assert status == 2, (out, err)
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("config error: entrypoint: ") and text in lines[0], err
