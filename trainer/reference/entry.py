@@ -11,19 +11,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from trainer.api import Job, checked_by
-from trainer.config.train_config import TrainConfig
+from trainer.api import Job, JobConfig, World, checked_by
 from trainer.reference.config import reference_config
 from trainer.reference.data import BatchCursor, TokenDataset
 from trainer.reference.data_check import check_batch_tokens, check_token_file
 from trainer.reference.model import build_model
-from trainer.runtime.preflight import World
 
 
-def check_reference(cfg: TrainConfig, world: World) -> None:
+def check_reference(config: JobConfig, world: World) -> None:
     """The reference model's inputs: its options, and the token file fits the preset's vocabulary and
     the world size."""
-    ref = reference_config(cfg.run.entry_args)
+    ref = reference_config(config.args)
     check_token_file(
         ref.data.path,
         vocab_size=ref.arch.vocab_size,

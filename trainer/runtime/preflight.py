@@ -15,11 +15,13 @@ import errno
 import os
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer.api.check import CheckFn, World
+from trainer.api.job import JobConfig
 from trainer.config.inputs import bounded_seconds, check_dir_lookup, check_env
 from trainer.config.train_config import ConfigError, TrainConfig
 from trainer.runtime.faults import RANDOM
@@ -28,13 +30,18 @@ if TYPE_CHECKING:
     from trainer.events.metrics_server import MetricsServer
 
 
-@dataclass(frozen=True)
-class World:
-    """The job's size as far as the environment tells it (None: unknown here)."""
-
-    world_size: int | None
-    nnodes: int | None
-    source: str
+def job_config(cfg: TrainConfig) -> JobConfig:
+    """What the training function and its `checked_by` check see of `cfg` (trainer/api/job.py `JobConfig`)."""
+    return JobConfig(
+        entrypoint=cfg.run.entrypoint,
+        args=cfg.run.entry_args,
+        steps=cfg.run.steps,
+        seed=cfg.run.seed,
+        out_dir=cfg.run.out_dir,
+        device=cfg.run.device,
+        ckpt_interval=cfg.ckpt.interval_steps,
+        snapshot_interval=cfg.snapshot.interval_steps,
+    )
 
 
 def _plain_int(value: str | None) -> int | None:
@@ -171,7 +178,7 @@ def preflight(
     env: Mapping[str, str] | None = None,
     *,
     check_config: bool,
-    entry_check: Callable[[TrainConfig, World], None] | None = None,
+    entry_check: CheckFn | None = None,
 ) -> World:
     """Run every check that needs no process group; raise ConfigError naming the field.
 
@@ -186,7 +193,7 @@ def preflight(
     check_seconds(cfg)
     world = world_from_env(env)
     if entry_check is not None:  # the entry point's own inputs (trainer.api.checked_by)
-        entry_check(cfg, world)
+        entry_check(job_config(cfg), world)
     check_dirs(cfg)
     check_fault_targets(cfg, world)
     check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")

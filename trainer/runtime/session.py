@@ -65,8 +65,8 @@ class Session:
         self.lock = threading.Lock()
         self.ckpt: Any = None
         self.entries: dict[str, Any] = {}
-        """What the training function built, by checkpoint name (trainer/api/job.py `Job.loop`): model,
-        optim, trainer (the loop's own state: last step, data position, RNG), scheduler, the team's."""
+        """What the training function built, by checkpoint name (trainer/runtime/job.py `RunningJob.loop`):
+        model, optim, trainer (the loop's own state: last step, data position, RNG), scheduler, the team's."""
         self.mesh: Any = None
         self.extra_meshes: list[Any] = []
         self.device: torch.device | None = None
@@ -144,7 +144,7 @@ class Session:
 
     @property
     def trainer(self) -> Any:
-        """The loop's own state (trainer/api/job.py LoopState), None before `job.loop`."""
+        """The loop's own state (trainer/runtime/job.py LoopState), None before `job.loop`."""
         return self.entries.get("trainer")
 
     def teardown(self) -> None:

@@ -1,5 +1,5 @@
-"""trainer/api/entry.py: `module:function` resolves to the team's training function or to one
-`entrypoint` line saying what is wrong; `checked_by` attaches the team's own check, which
+"""trainer/runtime/entry.py and trainer/api/check.py: `module:function` resolves to the team's training
+function or to one `entrypoint` line saying what is wrong; `checked_by` attaches the team's own check, which
 `--check-config` runs (one `config error` line, exit 2) like the library's."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.api import checked_by, entry
+from trainer.api import check as contract
+from trainer.api import checked_by
 from trainer.config.settings import ConfigError
+from trainer.runtime import entry
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -163,10 +165,10 @@ def test_checked_by_attaches_the_check() -> None:
     def plain(job: object) -> None:
         pass
 
-    assert entry.entry_check(train) is check
-    assert entry.entry_check(plain) is None
+    assert contract.entry_check(train) is check
+    assert contract.entry_check(plain) is None
     plain.__trainer_check__ = "not callable"  # type: ignore[attr-defined]
-    assert entry.entry_check(plain) is None
+    assert contract.entry_check(plain) is None
     assert train.__name__ == "train"  # the function itself, marked: not a wrapper
 
 
@@ -184,7 +186,7 @@ def test_checked_by_survives_resolve(team: Callable[[str], str]) -> None:
         """
     )
     fn = entry.resolve(name)
-    assert entry.entry_check(fn) is sys.modules[name].check
+    assert contract.entry_check(fn) is sys.modules[name].check
 
 
 # ---- --check-config with a team's entry point ---------------------------------------------------------
@@ -206,14 +208,13 @@ def check_config(argv: list[str], capsys: pytest.CaptureFixture[str], out: Path)
 
 
 CHECKED_TEAM = """
-from trainer.api import checked_by
-from trainer.config.settings import ConfigError
+from trainer.api import ConfigError, JobConfig, World, checked_by
 
 SEEN = []
 
-def check(cfg, world):
-    SEEN.append((cfg.run.entry_args, cfg.run.steps, world.world_size))
-    if cfg.run.entry_args[:1] == ("--bad",):
+def check(cfg: JobConfig, world: World) -> None:
+    SEEN.append((cfg.args, cfg.steps, world.world_size))
+    if cfg.args[:1] == ("--bad",):
         raise ConfigError("team_data", "x")
 
 @checked_by(check)
