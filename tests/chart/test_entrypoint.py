@@ -151,7 +151,6 @@ def test_entry_args_arrive_exactly_as_written(tmp_path: Path) -> None:
         cfg = config_from_args(flags, env={})  # the trainer's own parse, the cut included
         assert cfg.run.entrypoint == TEAM, name
         assert cfg.run.entry_args == tuple(TRICKY_ARGS), name
-        assert not cfg.run.reference
 
 
 def test_the_separator_comes_after_every_trainer_option() -> None:

@@ -102,11 +102,6 @@ class RunConfig:
             if not isinstance(arg, str) or "\0" in arg:
                 raise ConfigError("entry_args", f"argument {i} must be a string without NUL, got {arg!r:.60}")
 
-    @property
-    def reference(self) -> bool:
-        """True when the entry point is the project's own reference model (`python -m trainer`)."""
-        return self.entrypoint in (REFERENCE_ENTRYPOINT, REFERENCE_ENTRYPOINT.partition(":")[0])
-
 
 @dataclass(frozen=True)
 class MetricsConfig:
