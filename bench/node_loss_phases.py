@@ -36,7 +36,7 @@ DEMO_SHAPES = {"data.seq_len": 128, "data.micro_batch_size": 4}
 
 def pod_specs(tree: Path, run_dir: Path, data: Path, port: int, cfg: PodsConfig) -> list[PodSpec]:
     """The scenario's pods (bench.recovery_pods.pod_specs) with the demo's batch, running `tree`'s trainer."""
-    from trainer.config.components import chart_values
+    from trainer.reference.config import chart_values
 
     return recovery_pods.pod_specs(
         SCENARIO, cfg, run_dir, data, port, extra_values=chart_values(DEMO_SHAPES), tree=tree

@@ -147,7 +147,7 @@ def pod_values(cfg: RecoveryConfig, sc: Scenario) -> dict[str, Any]:
     """The chart values of one scenario: one local node, the benchmark's run and timeouts. The launcher's
     stop and term timeouts and the rendezvous join timeout keep ft_launcher's and torch's own defaults
     (30 s, 1800 s, 600 s), which the recovery figures were measured with."""
-    from trainer.config.components import chart_values
+    from trainer.reference.config import chart_values
     from trainer.resilience.timeouts import DEFAULT_LIVENESS_TIMEOUT
 
     launcher = {

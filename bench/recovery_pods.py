@@ -192,7 +192,7 @@ class PodsConfig:
 
 def pod_values(sc: PodsScenario, cfg: PodsConfig) -> dict[str, Any]:
     """The chart values of a scenario: the demo's timeouts, a small sync-checkpointed CPU run."""
-    from trainer.config.components import chart_values
+    from trainer.reference.config import chart_values
 
     trainer = chart_values(
         {

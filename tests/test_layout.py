@@ -118,15 +118,12 @@ KNOWN_MUTUAL_SUBPACKAGES: set[tuple[str, str]] = {
     # implementation into the runtime ends it).
     ("api", "runtime"),
     # TrainConfig composes each component's config (checkpoint/config.py, snapshot/config.py,
-    # resilience/timeouts.py, the reference model's options, the runtime's fault specs), and those
-    # components import config/'s errors and settings mechanism.
+    # resilience/timeouts.py, the runtime's fault specs), and those components import config/'s errors
+    # and settings mechanism.
     ("checkpoint", "config"),
-    ("config", "reference"),
     ("config", "resilience"),
     ("config", "runtime"),
     ("config", "snapshot"),
-    # The reference entry point runs under the runtime; the runtime's preflight checks its data file.
-    ("reference", "runtime"),
 }
 
 
@@ -304,6 +301,39 @@ def test_each_package_opens_with_a_docstring(folder: str) -> None:
 
 def test_the_chart_opens_with_a_readme() -> None:
     assert "Owns" in (REPO_ROOT / "k8s" / "README.md").read_text(encoding="utf-8")
+
+
+# Inside trainer/: packages the public API sits below (the runtime implements `Job` and imports the api;
+# the reference model and the launcher are users of both). `api.main` starts the runtime: that one import.
+API_ABOVE = ("trainer.runtime", "trainer.reference", "trainer.launcher")
+API_STARTS_THE_RUNTIME = {("trainer/api/entry.py", "trainer.runtime.entry")}
+
+
+def _trainer_imports(folder: str, banned: tuple[str, ...]) -> set[tuple[str, str]]:
+    """(file, module) for every import under trainer/<folder>/ of a module in one of `banned`."""
+    return {
+        (str(path.relative_to(REPO_ROOT)), name)
+        for path in sorted((REPO_ROOT / "trainer" / folder).rglob("*.py"))
+        for name in imported_modules(path)
+        if any(name == b or name.startswith(b + ".") for b in banned)
+    }
+
+
+def test_the_api_imports_nothing_above_itself() -> None:
+    found = _trainer_imports("api", API_ABOVE)
+    allowed = {
+        (path, name)
+        for path, name in found
+        for where, module in API_STARTS_THE_RUNTIME
+        if path == where and (name == module or name.startswith(module + "."))
+    }
+    assert found - allowed == set()
+    assert allowed, "api.main no longer starts the runtime: update API_STARTS_THE_RUNTIME"
+
+
+def test_the_library_config_imports_nothing_of_the_reference_model() -> None:
+    # The model, its data and its optimizer are the training function's (trainer/reference/config.py).
+    assert _trainer_imports("config", ("trainer.reference",)) == set()
 
 
 def test_examples_use_only_the_public_api() -> None:

@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         python -m tools.localpods --pods 2 --kill 1@40 -- ft_launcher --nnodes=2 --nproc-per-node=2 \\
             --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:{port} --rdzv-id=local --max-restarts=3 \\
-            -m trainer --data-path=out/tokens.npy --out-dir=out/local --device=cpu
+            -m trainer --out-dir=out/local --device=cpu -- --data-path=out/tokens.npy
     """
     import argparse
 

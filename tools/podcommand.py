@@ -9,9 +9,11 @@ snapshot directory of the run's own (the chart names none: a pod's is the traine
 /dev/shm, which local "pods" on one host would share); ``ft_launcher`` and ``python`` come from this
 virtualenv.
 ``trainer_argv`` is the part after the launcher (``-m trainer ...``), for runs under torchrun or alone.
-Both end with the entry point's own arguments when the values set ``entrypointArgs``: ``--`` and each
-argument exactly as written (the chart doubles every ``$`` so that the kubelet's expansion, and
-``expand`` here, give the written text back; a ``$(VAR)`` there is the team's text, not a reference).
+Both end with the entry point's own arguments: ``--``, the reference model's options when the entry point
+is the reference (its ``--data-path`` is the local data), then each ``entrypointArgs`` item exactly as
+written (the chart doubles every ``$`` so that the kubelet's expansion, and ``expand`` here, give the
+written text back; a ``$(VAR)`` there is the team's text, not a reference). ``with_options`` adds
+trainer options to such a command where the trainer still reads them: before that ``--``.
 """
 
 from __future__ import annotations
@@ -137,6 +139,23 @@ def split_entry_args(argv: list[str]) -> tuple[list[str], list[str]]:
                 return argv[:cut], argv[cut + 1 :]
             break
     return list(argv), []
+
+
+def flag_name(arg: str) -> str:
+    """`--no-inprocess` and `--inprocess=...` -> inprocess: the trainer's parser counts both as one flag."""
+    return arg.split("=", 1)[0].removeprefix("--").removeprefix("no-")
+
+
+def with_options(argv: list[str], options: list[str] | tuple[str, ...]) -> list[str]:
+    """`argv` with `options` last among the trainer's own options, before the entry point's arguments
+    (after them, the trainer would hand them to the entry point): how a local run adds to or overrides
+    what the chart rendered. The trainer refuses a flag given twice, so each option replaces the same
+    flag (or its --no- twin) the chart rendered for the trainer; `--fault` adds up, keeping the chart's."""
+    head, entry = split_entry_args(argv)
+    given = {flag_name(o) for o in options if o.startswith("--") and flag_name(o) != "fault"}
+    start = next((i + 2 for i in range(len(head) - 1) if head[i : i + 2] == ["-m", "trainer"]), 0)
+    kept = [a for a in head[start:] if not (a.startswith("--") and flag_name(a) in given)]
+    return [*head[:start], *kept, *options, *(["--", *entry] if len(head) < len(argv) else [])]
 
 
 def launcher_argv(argv: list[str]) -> list[str]:

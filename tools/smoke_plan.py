@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.config.components import chart_values
+from trainer.reference.config import chart_values
 
 SUMMARY_MARKER = "RUN_SUMMARY "
 

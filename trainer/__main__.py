@@ -1,5 +1,5 @@
 """`python -m trainer`: parse and validate the configuration, then run the entry point under the library
-(trainer/api/entry.py `run`; the tiers are trainer/runtime/train.py)."""
+(trainer/runtime/entry.py `run`; the tiers are trainer/runtime/train.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (trainer/api/entry.py `run`, with the entry point that
+    """Entry point; returns the exit status (trainer/runtime/entry.py `run`, with the entry point that
     `--entrypoint` names: the reference model by default)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     options = argv[: argv.index("--")] if "--" in argv else argv
@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(line, file=sys.stderr)
             return EXIT_NO_RESTART
-    from trainer.api.entry import run
+    from trainer.runtime.entry import run
 
     return run(argv, recorded_checked=True)
 

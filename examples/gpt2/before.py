@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -35,7 +35,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_model(args: argparse.Namespace, mesh: object) -> GPT2LMHeadModel:
+def build_model(args: argparse.Namespace, mesh: DeviceMesh) -> GPT2LMHeadModel:
     config = GPT2Config(
         n_layer=args.layers,
         n_embd=args.width,

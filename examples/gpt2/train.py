@@ -1,14 +1,14 @@
 """A typical FSDP2 training script, ported to the blueprint: GPT-2 from its config, dropout, AdamW with a
 warmup schedule, and a dataset whose position the library saves. Run with
-`python -m trainer --entrypoint=examples.gpt2.train:train --data-path=... -- --layers 2` (the chart:
-`entrypoint: examples.gpt2.train:train`), or `torchrun -m examples.gpt2.train --data-path=... --`."""
+`python -m trainer --entrypoint=examples.gpt2.train:train -- --layers 2` (the chart:
+`entrypoint: examples.gpt2.train:train`), or `torchrun -m examples.gpt2.train -- --layers 2`."""
 
 from __future__ import annotations
 
 import argparse
 
 import torch
-import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, DistributedSampler
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -30,7 +30,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_model(args: argparse.Namespace, mesh: object) -> GPT2LMHeadModel:
+def build_model(args: argparse.Namespace, mesh: DeviceMesh) -> GPT2LMHeadModel:
     config = GPT2Config(
         n_layer=args.layers,
         n_embd=args.width,
@@ -53,9 +53,8 @@ def build_model(args: argparse.Namespace, mesh: object) -> GPT2LMHeadModel:
 
 def train(job: api.Job) -> None:
     args = parse(list(job.args))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = job.mesh
-    model = build_model(args, mesh)
+    rank, world = job.rank, job.world_size
+    model = build_model(args, job.mesh)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / args.warmup))
     dataset = Progressions(100_000, args.seq_len, 256, seed=args.seed)

@@ -62,15 +62,10 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 {{/* The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. */}}
 {{- define "trainer.trainerArgs" -}}
 {{- $v := .Values -}}
-- --data-path=$(DATA_PATH)
 - --ckpt-dir=$(CHECKPOINT_DIR)
 - --ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)
 - --out-dir=$(OUT_DIR)
-- {{ printf "--preset=%s" $v.preset | quote }}
-- --seq-len={{ int $v.seqLen }}
-- --micro-batch-size={{ int $v.microBatchSize }}
 - --steps={{ int $v.steps }}
-- {{ printf "--lr=%v" $v.lr | quote }}
 - --seed={{ int $v.seed }}
 - --ckpt-interval={{ int $v.ckptInterval }}
 - --ckpt-keep={{ int $v.ckptKeep }}
@@ -106,18 +101,34 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 {{- end }}
 
 {{/*
-The entry point's own arguments (docs/design.md, "The entry point"): nothing without entrypointArgs,
-else `--` and one quoted exec-form argument per item, always after every trainer option (the trainer
-takes everything after the first `--` as the entry point's). Every `$` is doubled: the kubelet expands
-`$(VAR)` in args and reads `$$` as `$`, so each argument reaches the process exactly as written.
+The entry point's own arguments (docs/design.md, "The entry point"), always after every trainer option
+(the trainer takes everything after the first `--` as the entry point's): `--`, the reference model's
+options when the entry point is the reference (trainer/reference/config.py), then one quoted exec-form
+argument per entrypointArgs item; nothing when there are none. Every `$` of entrypointArgs is doubled:
+the kubelet expands `$(VAR)` in args and reads `$$` as `$`, so each reaches the process exactly as written.
 */}}
 {{- define "trainer.entryArgs" -}}
-{{- with .Values.entrypointArgs -}}
+{{- $v := .Values -}}
+{{- $reference := has $v.entrypoint (list "trainer.reference:train" "trainer.reference") -}}
+{{- if or $reference $v.entrypointArgs -}}
 - "--"
-{{- range . }}
+{{- if $reference }}
+{{ include "trainer.referenceArgs" . }}
+{{- end }}
+{{- range $v.entrypointArgs }}
 - {{ replace "$" "$$" . | quote }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* The reference model's options (trainer/reference/config.py REFERENCE_CHART_TABLE). */}}
+{{- define "trainer.referenceArgs" -}}
+{{- $v := .Values -}}
+- --data-path=$(DATA_PATH)
+- {{ printf "--preset=%s" $v.preset | quote }}
+- --seq-len={{ int $v.seqLen }}
+- --micro-batch-size={{ int $v.microBatchSize }}
+- {{ printf "--lr=%v" $v.lr | quote }}
 {{- end }}
 
 {{/*

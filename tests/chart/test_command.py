@@ -58,13 +58,23 @@ def test_contract_2_command_shape() -> None:
     ]
     assert "--ft-restart-policy=any-failed" in args
     i = args.index("-m")
-    assert args[i + 1 : i + 6] == [
+    assert args[i + 1 : i + 5] == [
         "trainer",
-        "--data-path=$(DATA_PATH)",
         "--ckpt-dir=$(CHECKPOINT_DIR)",
         "--ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)",
         "--out-dir=$(OUT_DIR)",
     ]
+    # The reference entry point (the default) gets its own options after `--`, its data among them.
+    cut = args.index("--")
+    assert args[cut - 1] == "--entrypoint=trainer.reference:train"
+    assert args[cut + 1 :] == [
+        "--data-path=$(DATA_PATH)",
+        "--preset=8b",
+        "--seq-len=4096",
+        "--micro-batch-size=1",
+        "--lr=0.0003",
+    ]
+    assert not [a for a in args[:cut] if a.split("=")[0] in ("--data-path", "--preset", "--seq-len", "--lr")]
     env = env_of(container)
     assert all(name in env for name in CONTRACT_ENV)
     # Every env entry is a plain value, so the demo can take it as it is.
@@ -132,13 +142,16 @@ def parse_trainer(tmp_path: Path, values: dict[str, Any] | None = None) -> Any:
 
 
 def test_trainer_accepts_the_rendered_flags(tmp_path: Path) -> None:
+    from trainer.reference.config import reference_config
+
     faults = {"b-hard": "sigkill:step=40:rank=3", "a-soft": "exception:step=20:rank=1"}
     values = {"preset": "small", "steps": 60, "seqLen": 256, "faults": faults, "lr": 1e-4}
     cfg = parse_trainer(tmp_path, values)
-    assert cfg.model.preset == "small"
+    ref = reference_config(cfg.run.entry_args)  # the reference entry point's own options
+    assert ref.model.preset == "small"
     assert cfg.run.steps == 60
-    assert cfg.data.seq_len == 256
-    assert cfg.run.lr == pytest.approx(1e-4)
+    assert ref.data.seq_len == 256 and ref.data.path == tmp_path / "tokens.npy"
+    assert ref.optim.lr == pytest.approx(1e-4)
     assert cfg.run.inprocess is True
     assert [(f.kind, f.step, f.rank) for f in cfg.faults.specs] == [("exception", 20, 1), ("sigkill", 40, 3)]
     assert str(cfg.ckpt.local_dir) == "/local-nvme/checkpoints/smoke-trainer"
@@ -147,12 +160,15 @@ def test_trainer_accepts_the_rendered_flags(tmp_path: Path) -> None:
 
 
 def test_default_flags_parse_as_the_trainer_expects() -> None:
-    from trainer.config.train_config import make_parser
+    from trainer.config.train_config import make_parser, split_entry_args
+    from trainer.reference.config import make_parser as reference_parser
 
     _, trainer_flags = split(pod_argv()[0])
-    args = make_parser().parse_args(trainer_flags)
-    assert (args.model__preset, args.data__seq_len, args.run__device) == ("8b", 4096, "cuda")
-    assert str(args.data__path) == "/fsx/data/tokens.npy"
+    options, entry_args = split_entry_args(trainer_flags)
+    args = make_parser().parse_args(options)
+    ours = reference_parser().parse_args(list(entry_args))
+    assert (ours.model__preset, ours.data__seq_len, args.run__device) == ("8b", 4096, "cuda")
+    assert str(ours.data__path) == "/fsx/data/tokens.npy"
 
 
 def test_one_heartbeat_value_reaches_launcher_and_trainer() -> None:
@@ -292,8 +308,9 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
     check = pod["initContainers"][-1]
     trainer = trainer_container(render())
     assert check["command"] == ["python", "-m", "trainer"]
-    assert check["args"][-1] == "--check-config"
-    assert check["args"][:-1] == split(trainer["command"] + trainer["args"])[1]
+    cut = check["args"].index("--")  # the reference entry point's options (the default) come last
+    assert check["args"][cut - 1] == "--check-config"
+    assert [*check["args"][: cut - 1], *check["args"][cut:]] == split(trainer["command"] + trainer["args"])[1]
     assert check["resources"] == trainer["resources"]
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert any(r["action"] == "FailJob" and "containerName" not in r["onExitCodes"] for r in rules)

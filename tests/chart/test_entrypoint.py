@@ -92,15 +92,26 @@ def _trainer_part(argv: list[str]) -> list[str]:
     return argv[i + 2 :]
 
 
-def test_defaults_render_the_reference_entry_point_and_no_separator() -> None:
+def test_defaults_render_the_reference_entry_point_with_its_own_options() -> None:
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     assert defaults["entrypoint"] == REFERENCE_ENTRYPOINT
     assert defaults["entrypointArgs"] == []
     trainer, check = _containers(render())
     flags = _trainer_part(_kubelet_argv(trainer))
-    assert f"--entrypoint={REFERENCE_ENTRYPOINT}" in flags and "--" not in flags
+    cut = flags.index("--")
+    assert flags[cut - 1] == f"--entrypoint={REFERENCE_ENTRYPOINT}"
+    reference = ["--data-path", "--preset", "--seq-len", "--micro-batch-size", "--lr"]
+    assert [a.split("=")[0] for a in flags[cut + 1 :]] == reference
+    assert check["args"].index("--") - 1 == check["args"].index("--check-config")
+    assert check["args"][check["args"].index("--") :] == trainer["args"][trainer["args"].index("--") :]
+
+
+def test_a_team_entry_point_gets_no_reference_option_and_no_separator() -> None:
+    trainer, check = _containers(render({"entrypoint": TEAM}))
+    flags = _trainer_part(_kubelet_argv(trainer))
+    assert f"--entrypoint={TEAM}" in flags and "--" not in flags
     assert check["args"][-1] == "--check-config" and "--" not in check["args"]
-    assert f"--entrypoint={REFERENCE_ENTRYPOINT}" in check["args"]
+    assert not [a for a in flags if a.split("=")[0] in ("--data-path", "--preset", "--seq-len", "--lr")]
 
 
 def test_the_schema_pattern_is_the_trainers() -> None:
@@ -140,7 +151,6 @@ def test_entry_args_arrive_exactly_as_written(tmp_path: Path) -> None:
         cfg = config_from_args(flags, env={})  # the trainer's own parse, the cut included
         assert cfg.run.entrypoint == TEAM, name
         assert cfg.run.entry_args == tuple(TRICKY_ARGS), name
-        assert not cfg.run.reference
 
 
 def test_the_separator_comes_after_every_trainer_option() -> None:

@@ -116,7 +116,8 @@ def _of(evs: list[dict[str, Any]], ev: str, **match: Any) -> list[dict[str, Any]
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # The chart always renders --data-path; this entry point ignores it (its data is its own dataset).
+    # The pods' DATA_PATH env entry (a local place): this entry point gets no --data-path and reads none
+    # (its data is its own dataset).
     path = tmp_path_factory.mktemp("data") / "unused.bin"
     path.write_bytes(b"team data lives elsewhere")
     return path

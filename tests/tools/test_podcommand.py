@@ -17,6 +17,7 @@ from tools.podcommand import (
     pod_argv,
     split_entry_args,
     trainer_argv,
+    with_options,
 )
 from tools.podspec import expand
 
@@ -55,13 +56,19 @@ def test_pod_argv_is_the_rendered_command_with_local_places() -> None:
             assert after == before
     assert "--rdzv-endpoint=127.0.0.1:4321" in got
     assert "--out-dir=/runs/r1" in got and "--ckpt-dir=/runs/r1/ckpt" in got
-    assert "--ckpt-local-dir=/runs/r1-local" in got and "--data-path=/data/t.npy" in got
-    assert "--max-restarts=6" in got and "--fault=sigkill:step=7:rank=1" in got
-    assert (
-        got[-1] == "--entrypoint=trainer.reference:train"
-        and "--metrics-port=0" in got
-        and "--device=cpu" in got
-    )
+    assert "--ckpt-local-dir=/runs/r1-local" in got and "--max-restarts=6" in got
+    assert "--fault=sigkill:step=7:rank=1" in got and "--metrics-port=0" in got and "--device=cpu" in got
+    # The entry point comes last among the trainer's options, then the reference model's own options
+    # (the default entry point) after `--`, its data the local one.
+    options, entry = split_entry_args(got)
+    assert options[-1] == "--entrypoint=trainer.reference:train"
+    assert entry == [
+        "--data-path=/data/t.npy",
+        "--preset=tiny",
+        "--seq-len=32",
+        "--micro-batch-size=1",
+        "--lr=0.0003",
+    ]
 
 
 def test_without_prefork_the_launcher_is_the_command() -> None:
@@ -94,15 +101,33 @@ def test_the_entry_point_and_its_arguments_come_last_exactly_as_written() -> Non
     options, entry = split_entry_args(got)
     assert entry == ENTRY_ARGS
     assert got == [*options, "--", *ENTRY_ARGS]
-    # Every trainer option stays before the cut, the chart's own appended ones included.
+    # Every trainer option stays before the cut, the chart's own appended ones included; a team's entry
+    # point gets no reference-model option.
     assert options[-1] == "--entrypoint=team.train:main"
     assert "--fault=sigkill:step=7:rank=1" in options and "--out-dir=/runs/r1" in options
+    assert not any(a.startswith(("--data-path", "--preset", "--seq-len", "--lr")) for a in options)
     part = trainer_argv(values, PLACES)
     assert part[:2] == ["-m", "trainer"] and part[-len(ENTRY_ARGS) - 1 :] == ["--", *ENTRY_ARGS]
-    # Without entrypointArgs there is no cut at all, and the default entry point is rendered.
-    plain = pod_argv(VALUES, PLACES)
+    # A team's entry point without entrypointArgs: no cut at all.
+    plain = pod_argv({**VALUES, "entrypoint": "team.train:main"}, PLACES)
     assert "--" not in plain and split_entry_args(plain) == (plain, [])
-    assert "--entrypoint=trainer.reference:train" in plain
+    # The reference entry point (the default): its own options, then the entrypointArgs.
+    reference = pod_argv({**VALUES, "entrypointArgs": ["--lr=0.001"]}, PLACES)
+    assert "--entrypoint=trainer.reference:train" in reference
+    assert split_entry_args(reference)[1][0] == "--data-path=/data/t.npy"
+    assert split_entry_args(reference)[1][-2:] == ["--lr=0.0003", "--lr=0.001"]  # the last one wins
+
+
+def test_options_added_to_a_local_run_stay_the_trainers() -> None:
+    argv = pod_argv(VALUES, PLACES)
+    options, entry = split_entry_args(argv)
+    got = with_options(argv, ["--steps=3", "--fault=hang:step=1"])
+    # The trainer refuses a flag given twice: an option replaces the chart's own, a fault adds to them.
+    kept = [a for a in options if a != "--steps=12"]
+    assert len(kept) == len(options) - 1 and "--fault=sigkill:step=7:rank=1" in kept
+    assert got == [*kept, "--steps=3", "--fault=hang:step=1", "--", *entry]
+    team = pod_argv({**VALUES, "entrypoint": "team.train:main"}, PLACES)
+    assert with_options(team, ["--steps=3"]) == [*(a for a in team if a != "--steps=12"), "--steps=3"]
 
 
 def test_an_unexpanded_reference_in_the_options_is_still_an_error() -> None:

@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.helpers import REPO_ROOT, free_port
-from tools.podcommand import LocalPlaces, pod_argv, trainer_argv
+from tools.podcommand import LocalPlaces, pod_argv, trainer_argv, with_options
 
 STEPS = 10
 CKPT_INTERVAL = 3  # saves after steps 2, 5, 8
@@ -52,36 +51,18 @@ RUN_VALUES: dict[str, Any] = {
 }
 
 
-def _flag_name(arg: str) -> str:
-    """`--no-inprocess` and `--inprocess=...` -> inprocess: the trainer's parser counts both as one flag."""
-    return arg.split("=", 1)[0].removeprefix("--").removeprefix("no-")
-
-
-def overriding(argv: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """`argv` then `extra`, each trainer flag of `extra` replacing the same flag (or its --no- twin) in the
-    trainer's part of `argv` (after `-m trainer`, before any `--`): the parser refuses a flag given twice.
-    --fault adds up, so the chart's faults stay."""
-    given = {_flag_name(a) for a in extra if a.startswith("--") and _flag_name(a) != "fault"}
-    argv = list(argv)
-    start = next((i + 2 for i in range(len(argv) - 1) if argv[i : i + 2] == ["-m", "trainer"]), 0)
-    end = argv.index("--", start) if "--" in argv[start:] else len(argv)
-    trainer = [a for a in argv[start:end] if not (a.startswith("--") and _flag_name(a) in given)]
-    return [*argv[:start], *trainer, *argv[end:], *extra]
-
-
 def trainer_args(data: Path, out: Path, *extra: str, steps: int = STEPS) -> list[str]:
-    """The trainer's part of the pod command (`-m trainer ...`) for a small, fast CPU run, then `extra`
-    (replacing the flags it repeats)."""
-    return overriding(
-        trainer_argv({**RUN_VALUES, "steps": steps}, LocalPlaces(free_port(), data, out)), extra
-    )
+    """The trainer's part of the pod command (`-m trainer ...`) for a small, fast CPU run, with `extra`
+    last among the trainer's options (before the reference model's, after `--`)."""
+    argv = trainer_argv({**RUN_VALUES, "steps": steps}, LocalPlaces(free_port(), data, out))
+    return with_options(argv, extra)
 
 
 def pod_command(data: Path, out: Path, *extra: str, max_restarts: int = 2) -> list[str]:
-    """The whole pod command (ft_launcher, 2 local ranks, then the trainer), then `extra` (replacing the
-    trainer flags it repeats)."""
+    """The whole pod command (ft_launcher, 2 local ranks, then the trainer), `extra` last among the
+    trainer's options."""
     values = {**RUN_VALUES, "maxRestarts": max_restarts}
-    return overriding(pod_argv(values, LocalPlaces(free_port(), data, out)), extra)
+    return with_options(pod_argv(values, LocalPlaces(free_port(), data, out)), extra)
 
 
 def torchrun(max_restarts: int = 0, nproc: int = 2) -> list[str]:

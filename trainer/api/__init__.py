@@ -31,14 +31,34 @@ chooses the step boundaries at which it snapshots and saves. `python -m trainer`
 (`trainer.reference:train`) through this same API; the chart runs a team's with the value `entrypoint`
 (docs/bring-your-own.md).
 
-Stable names: `Job`, `Misuse`, `SampleCursor`, `checked_by`, `main`.
+Stable names: `Job` (a typed, read-only view: `job.mesh` is a DeviceMesh, `job.device` a torch.device,
+`job.config` a `JobConfig`), `StatefulData` (the protocol of a data source whose position is saved),
+`JobConfig`, `World`, `ConfigError`, `CheckFn` (what `checked_by` takes), `TrainFn`, `Misuse`,
+`SampleCursor`, `checked_by`, `main`.
+
+The api imports nothing above itself: the runtime (trainer/runtime/) implements `Job` (`RunningJob`) and
+imports the api; `main` alone starts the runtime, importing it when called.
 """
 
 from __future__ import annotations
 
+from trainer.api.check import CheckFn, World, checked_by
 from trainer.api.cursor import SampleCursor
-from trainer.api.entry import checked_by, main
-from trainer.api.job import Job
+from trainer.api.entry import main
+from trainer.api.job import Job, JobConfig, StatefulData, TrainFn
 from trainer.api.misuse import Misuse
+from trainer.config.settings import ConfigError
 
-__all__ = ["Job", "Misuse", "SampleCursor", "checked_by", "main"]
+__all__ = [
+    "CheckFn",
+    "ConfigError",
+    "Job",
+    "JobConfig",
+    "Misuse",
+    "SampleCursor",
+    "StatefulData",
+    "TrainFn",
+    "World",
+    "checked_by",
+    "main",
+]

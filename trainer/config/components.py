@@ -1,8 +1,6 @@
 """The trainer's components and their settings, each declared once (trainer/config/settings.py).
 
     run       RunConfig       where the run writes, how long it trains, seeds, device, tier 1
-    model     ModelOptions    the model size (a preset of trainer/reference/model.py)
-    data      DataConfig      the token file and the batch shape
     timeouts  Timeouts        trainer/resilience/timeouts.py: every recovery timeout, checked to nest
     ckpt      CheckpointConfig  trainer/checkpoint/config.py
     snapshot  SnapshotConfig  trainer/snapshot/config.py
@@ -12,6 +10,9 @@
 `TrainConfig` (trainer/config/train_config.py) holds one of each; the CLI is generated from them in this
 order, and `CHART_TABLE` lists, from the same declarations, which chart value renders which option into which
 field. Stdlib only: the harnesses (tools/, bench/) import this to build chart values without torch.
+
+The model, its data and its optimizer are the training function's: the reference model declares its own
+(trainer/reference/config.py), parsed from the entry point's arguments, so a team's function needs none.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The run as a whole: output, length, optimisation, seeds, device and tier-1 recovery."""
+    """The run as a whole: output, length, seeds, device and tier-1 recovery."""
 
     out_dir: Path = setting(
         "--out-dir", "events, summary.json, fault markers", default=Path("out/run"), place="OUT_DIR"
@@ -61,14 +62,6 @@ class RunConfig:
     """Events, summary.json and fault markers of this run."""
     steps: int = setting("--steps", "global steps of the whole run", default=100, low=1, chart="steps")
     """Global steps of the whole run (a resumed run stops at the same step)."""
-    lr: float = setting(
-        "--lr",
-        "AdamW learning rate",
-        default=3e-4,
-        above=0,
-        why="must be a positive finite number, got {value}",
-        chart="lr",
-    )
     seed: int = setting(
         "--seed", "seed of model init and data order", default=1234, low=0, why="must be >= 0", chart="seed"
     )
@@ -108,49 +101,6 @@ class RunConfig:
         for i, arg in enumerate(self.entry_args):
             if not isinstance(arg, str) or "\0" in arg:
                 raise ConfigError("entry_args", f"argument {i} must be a string without NUL, got {arg!r:.60}")
-
-    @property
-    def reference(self) -> bool:
-        """True when the entry point is the project's own reference model (`python -m trainer`)."""
-        return self.entrypoint in (REFERENCE_ENTRYPOINT, REFERENCE_ENTRYPOINT.partition(":")[0])
-
-
-@dataclass(frozen=True)
-class ModelOptions:
-    """Which model: a preset of trainer.reference.model.PRESETS (checked by TrainConfig, which imports
-    torch)."""
-
-    preset: str = setting(
-        "--preset", "model size: a preset of trainer/reference/model.py", default="tiny", chart="preset"
-    )
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """The token file and how each rank batches it."""
-
-    path: Path = setting(
-        "--data-path",
-        "token file (.npy) from python -m trainer.reference.data",
-        kind=Path,
-        required=True,
-        place="DATA_PATH",
-    )
-    """Token file (.npy) written by `python -m trainer.reference.data`."""
-    seq_len: int = setting("--seq-len", "tokens per sequence", default=128, chart="seqLen")
-    """Bounded by the preset's max_seq_len (checked by TrainConfig)."""
-    micro_batch_size: int = setting(
-        "--micro-batch-size", "sequences per rank per step", default=4, low=1, chart="microBatchSize"
-    )
-    """Sequences per rank per step (no gradient accumulation)."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "path", Path(self.path))
-        if not _exists(self.path):  # the reference model needs a file (TrainConfig); a team's may be a folder
-            raise ConfigError(
-                "data_path", f"{self.path} does not exist (write one with python -m trainer.reference.data)"
-            )
-        check(self)
 
 
 @dataclass(frozen=True)
@@ -205,8 +155,6 @@ class FaultConfig:
 
 COMPONENTS: dict[str, type] = {
     "run": RunConfig,
-    "model": ModelOptions,
-    "data": DataConfig,
     "timeouts": Timeouts,
     "ckpt": CheckpointConfig,
     "snapshot": SnapshotConfig,
@@ -229,24 +177,3 @@ def chart_values(settings: Mapping[str, Any]) -> dict[str, Any]:
             f"no chart value renders {', '.join(unknown)} (trainer/config/components.py CHART_TABLE)"
         )
     return {_BY_FIELD[name].value: value for name, value in settings.items()}
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except OSError:  # e.g. a name longer than the file system allows
-        return False
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except OSError:
-        return False
-
-
-def data_file_error(path: Path) -> ConfigError | None:
-    """The reference model's data is one token file: the error for anything else, or None."""
-    if _is_file(path):
-        return None
-    return ConfigError("data_path", f"{path} is not a file (write one with python -m trainer.reference.data)")

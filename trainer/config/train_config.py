@@ -19,19 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.config.components import (
-    COMPONENTS,
-    DataConfig,
-    FaultConfig,
-    MetricsConfig,
-    ModelOptions,
-    RunConfig,
-    data_file_error,
-)
+from trainer.config.components import COMPONENTS, FaultConfig, MetricsConfig, RunConfig
 from trainer.config.flags import FlagParser
 from trainer.config.inputs import resolved
 from trainer.config.settings import ConfigError, add_arguments, parsed
-from trainer.reference.model import PRESETS, ModelConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 from trainer.runtime.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
 from trainer.snapshot.config import SnapshotConfig
@@ -46,11 +37,9 @@ class TrainConfig:
     `config_from_args` or directly; both validate (each component on its own, the rules between
     components here)."""
 
-    data: DataConfig
     ckpt: CheckpointConfig
     """Checkpoint options; its collective timeout is derived from `timeouts` (see config_from_args)."""
     run: RunConfig = field(default_factory=RunConfig)
-    model: ModelOptions = field(default_factory=ModelOptions)
     timeouts: Timeouts = field(default_factory=Timeouts)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
     """In-memory snapshots (trainer/snapshot/): the restore point of tier 1 and tier 2."""
@@ -60,22 +49,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.validate()
 
-    @property
-    def arch(self) -> ModelConfig:
-        """The model's shapes: the preset of `model`."""
-        return PRESETS[self.model.preset]
-
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field. Touches no process group."""
-        if self.run.reference:
-            bad_data = data_file_error(self.data.path)
-            if bad_data is not None:
-                raise bad_data
-        preset = self.model.preset
-        if preset not in PRESETS:
-            raise ConfigError("preset", f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-        if not 1 <= self.data.seq_len <= self.arch.max_seq_len:
-            raise ConfigError("seq_len", f"must be in [1, {self.arch.max_seq_len}] for preset {preset}")
         if self.run.device == "cuda":
             import torch
 
@@ -115,8 +90,8 @@ class TrainConfig:
 def fault_fires_at(spec: FaultSpec, steps: int, ckpt_interval: int) -> int | None:
     """The step at which `spec` fires in a run of `steps` steps, or None when the run ends first.
 
-    In-save faults fire in the first save at or after their step (`policy.next_due`, the last step
-    always saves); the others at the start of their step. The chart refuses the same specs at render
+    In-save faults fire in the first save at or after their step (`trainer.state.cadence.next_due`, the
+    last step always saves); the others at the start of their step. The chart refuses the same specs at render
     time (k8s/templates/_validate.tpl `trainer.requireReachableFaults`).
     """
     if spec.kind in IN_SAVE_KINDS:
@@ -185,11 +160,9 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         values["ckpt"]["dir"] = run.out_dir / "ckpt"
     timeouts = Timeouts(**values["timeouts"])
     return TrainConfig(
-        data=DataConfig(**values["data"]),
         # The one derived setting: the checkpoint's gloo groups time out with the training collectives.
         ckpt=CheckpointConfig(**values["ckpt"], collective_timeout_s=timeouts.collective_timeout),
         run=run,
-        model=ModelOptions(**values["model"]),
         timeouts=timeouts,
         snapshot=SnapshotConfig(**values["snapshot"]),
         metrics=MetricsConfig(**values["metrics"]),

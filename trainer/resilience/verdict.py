@@ -6,7 +6,8 @@ its agent restarts any failed group while restarts remain, whatever the exit sta
 costs no second start on any version, the failing rank records the error in `<out-dir>/unrecoverable.json`
 and every worker checks for it before it builds anything: a restarted worker prints the recorded line and
 exits 93 again at once, before it imports torch. The record is keyed by the launcher's run id, the
-command line, the data file's size and mtime and the checkpoint listing, so it no longer applies once the
+command line, the size and mtime of every file the entry point's arguments name (its data: the reference
+model's `--data-path`, a team's own files) and the checkpoint listing, so it no longer applies once the
 user changes any of them (a new token file, another flag, deleted checkpoints); deleting the file clears
 it by hand. A command line without --out-dir records nothing (the chart always passes one).
 
@@ -21,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -38,35 +40,43 @@ class RunIdentity:
 
     argv: tuple[str, ...]
     out_dir: Path
-    data_path: Path | None
+    inputs: tuple[Path, ...]
+    """What the entry point's arguments (after `--`) may name as a file: `--flag=PATH` or a bare PATH."""
     ckpt_dir: Path
 
     @classmethod
     def from_argv(cls, argv: Sequence[str]) -> RunIdentity | None:
         """None when the command line names no --out-dir (nothing to record into)."""
+        argv = list(argv)
+        cut = argv.index("--") if "--" in argv else len(argv)
         parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-        for flag in ("--out-dir", "--data-path", "--ckpt-dir"):
+        for flag in ("--out-dir", "--ckpt-dir"):
             parser.add_argument(flag, type=Path)
         try:
-            known, _ = parser.parse_known_args(list(argv))
+            known, _ = parser.parse_known_args(argv[:cut])
         except (argparse.ArgumentError, SystemExit):
             return None
         if known.out_dir is None:
             return None
         ckpt = known.ckpt_dir if known.ckpt_dir is not None else known.out_dir / "ckpt"
-        return cls(tuple(argv), known.out_dir, known.data_path, ckpt)
+        inputs = tuple(Path(a.partition("=")[2] if a.startswith("-") else a) for a in argv[cut + 1 :])
+        return cls(tuple(argv), known.out_dir, tuple(p for p in inputs if str(p) not in ("", ".")), ckpt)
 
     @property
     def record_path(self) -> Path:
         return self.out_dir / RECORD_NAME
 
     def key(self, env: Mapping[str, str]) -> str:
-        """What an unrecoverable error depends on: run id, flags, faults, data file, checkpoints."""
-        try:
-            st = self.data_path.stat() if self.data_path is not None else None
-            data = [st.st_size, st.st_mtime_ns] if st is not None else []
-        except OSError:
-            data = []
+        """What an unrecoverable error depends on: run id, flags, faults, input files, checkpoints."""
+        data = []
+        for path in self.inputs:
+            try:
+                st = path.stat()
+            except (OSError, ValueError):  # not a path at all (an option's plain value), or gone
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a directory's mtime moves while the run writes into it
+                continue
+            data.append([str(path), st.st_size, st.st_mtime_ns])
         try:  # dot files are other ranks' write probes (trainer/runtime/preflight.py), not checkpoints
             ckpts = sorted(p.name for p in self.ckpt_dir.iterdir() if not p.name.startswith("."))
         except OSError:

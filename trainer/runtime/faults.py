@@ -265,3 +265,32 @@ def _lose_node() -> None:
         except ProcessLookupError:
             pass
     _kill_self(signal.SIGKILL)
+
+
+def corrupt_checkpoint(newest: Path | None, local_root: Path | None) -> None:
+    """ckpt-corrupt: make the newest committed checkpoint `newest` unreadable (flip bytes in its largest
+    file), in both tiers: the node-local copy of that file under `local_root` too, if this node has it.
+
+    No collective here: only the faulting rank runs it."""
+    if newest is None:
+        return
+    files = sorted((p for p in Path(newest).rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    if not files:
+        return
+    targets = [files[-1]]
+    if local_root is not None:
+        targets.append(local_root / Path(newest).name / files[-1].name)
+    for target in targets:
+        if target.is_file():
+            _flip_middle(target)
+
+
+def _flip_middle(path: Path) -> None:
+    with open(path, "r+b") as fh:
+        size = path.stat().st_size
+        fh.seek(size // 2)
+        chunk = fh.read(64)
+        fh.seek(size // 2)
+        fh.write(bytes(b ^ 0xFF for b in chunk))
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -1,12 +1,12 @@
 """Start-up checks that need the file system and the environment but no process group.
 
 `TrainConfig.validate` checks values; this checks what the values point at: the entry point's own inputs
-(for the reference model: the token file fits the model and the world size), the output and checkpoint
-directories are directories this process can write, every fault names a rank and node that exist, and the
-metrics port is free and no store's port. It runs in `--check-config` (the pod's init container, where a
-failure exits 2 and the Job fails at once) and again at every worker's start-up (where it exits 93,
-ft_launcher's no-restart code), so a mistake costs one start, not a restart storm. Each failure is a
-ConfigError naming the field.
+(its `checked_by` check; the reference model's parses its options and checks its token file), the output
+and checkpoint directories are directories this process can write, every fault names a rank and node
+that exist, and the metrics port is free and no store's port. It runs in `--check-config` (the pod's
+init container, where a failure exits 2 and the Job fails at once) and again at every worker's start-up
+(where it exits 93, ft_launcher's no-restart code), so a mistake costs one start, not a restart storm.
+Each failure is a ConfigError naming the field.
 """
 
 from __future__ import annotations
@@ -15,27 +15,33 @@ import errno
 import os
 import socket
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer.api.check import CheckFn, World
+from trainer.api.job import JobConfig
 from trainer.config.inputs import bounded_seconds, check_dir_lookup, check_env
 from trainer.config.train_config import ConfigError, TrainConfig
-from trainer.reference.data_check import check_token_file
 from trainer.runtime.faults import RANDOM
 
 if TYPE_CHECKING:
     from trainer.events.metrics_server import MetricsServer
 
 
-@dataclass(frozen=True)
-class World:
-    """The job's size as far as the environment tells it (None: unknown here)."""
-
-    world_size: int | None
-    nnodes: int | None
-    source: str
+def job_config(cfg: TrainConfig) -> JobConfig:
+    """What the training function and its `checked_by` check see of `cfg` (trainer/api/job.py `JobConfig`)."""
+    return JobConfig(
+        entrypoint=cfg.run.entrypoint,
+        args=cfg.run.entry_args,
+        steps=cfg.run.steps,
+        seed=cfg.run.seed,
+        out_dir=cfg.run.out_dir,
+        device=cfg.run.device,
+        ckpt_interval=cfg.ckpt.interval_steps,
+        snapshot_interval=cfg.snapshot.interval_steps,
+    )
 
 
 def _plain_int(value: str | None) -> int | None:
@@ -172,12 +178,12 @@ def preflight(
     env: Mapping[str, str] | None = None,
     *,
     check_config: bool,
-    entry_check: Callable[[TrainConfig, World], None] | None = None,
+    entry_check: CheckFn | None = None,
 ) -> World:
     """Run every check that needs no process group; raise ConfigError naming the field.
 
     `entry_check`: the entry point's own check of its inputs (the reference model's is
-    `check_token_data`), run after the environment's and before the directories'.
+    trainer/reference/entry.py `check_reference`), run after the environment's and before the directories'.
 
     `check_config`: in the init container every pod tries to bind the metrics port; at start-up only
     local rank 0 does (it serves the node's endpoint; another local rank would race with it).
@@ -187,18 +193,8 @@ def preflight(
     check_seconds(cfg)
     world = world_from_env(env)
     if entry_check is not None:  # the entry point's own inputs (trainer.api.checked_by)
-        entry_check(cfg, world)
+        entry_check(job_config(cfg), world)
     check_dirs(cfg)
     check_fault_targets(cfg, world)
     check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
     return world
-
-
-def check_token_data(cfg: TrainConfig, world: World) -> None:
-    """The reference model's data: the token file fits the preset's vocabulary and the world size."""
-    check_token_file(
-        cfg.data.path,
-        vocab_size=cfg.arch.vocab_size,
-        seq_len=cfg.data.seq_len,
-        world_size=world.world_size or 1,
-    )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainer.config.train_config import TrainConfig
 from trainer.events.metrics import EventLog
@@ -65,10 +65,10 @@ class Session:
         self.lock = threading.Lock()
         self.ckpt: Any = None
         self.entries: dict[str, Any] = {}
-        """What the training function built, by checkpoint name (trainer/api/job.py `Job.loop`): model,
-        optim, trainer (the loop's own state: last step, data position, RNG), scheduler, the team's."""
-        self.mesh: Any = None
-        self.extra_meshes: list[Any] = []
+        """What the training function built, by checkpoint name (trainer/runtime/job.py `RunningJob.loop`):
+        model, optim, trainer (the loop's own state: last step, data position, RNG), scheduler, the team's."""
+        self.mesh: DeviceMesh | None = None
+        self.extra_meshes: list[DeviceMesh] = []
         self.device: torch.device | None = None
         self.known_groups: set[int] = set()
 
@@ -124,7 +124,7 @@ class Session:
         self.known_groups = process_groups()
         spans.mark("ckpt_manager")
 
-    def extra_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    def extra_mesh(self, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
         """A DeviceMesh of more dimensions, known to the teardown (`job.device_mesh`)."""
         from trainer.api.misuse import process_groups
 
@@ -144,7 +144,7 @@ class Session:
 
     @property
     def trainer(self) -> Any:
-        """The loop's own state (trainer/api/job.py LoopState), None before `job.loop`."""
+        """The loop's own state (trainer/runtime/job.py LoopState), None before `job.loop`."""
         return self.entries.get("trainer")
 
     def teardown(self) -> None:

@@ -1,11 +1,12 @@
-"""The entry point and the tier-1/tier-2 orchestration: `main(cfg, train)` runs once per process.
+"""The tier-1/tier-2 orchestration: `main(cfg, train)` runs once per process.
 
 With tier 1 on, `Trainer.run_iteration` runs under the NVRx Wrapper and is re-run in the same process
-after a fault; everything distributed is built inside it, held by one `Session` (trainer/runtime/session.py),
-and torn down before an exception leaves it. The attempt itself is the entry point's training function, called
-with a `Job` (trainer/api/job.py); the final state digest trainer/digest/state_hash.py; what an exception that
-left an attempt becomes, trainer/runtime/failures.py and the branches of `main` below (exit 93, exit 1 for
-tier 2, re-raise for the launcher).
+after a fault; everything distributed is built inside it, held by one `Session`
+(trainer/runtime/session.py), and torn down before an exception leaves it. The attempt itself is the
+entry point's training function, called with a `RunningJob` (trainer/runtime/job.py, the api's `Job`
+view with the step loop); the final state digest trainer/digest/state_hash.py; what an exception that
+left an attempt becomes, trainer/runtime/failures.py and the branches of `main` below (exit 93, exit 1
+for tier 2, re-raise for the launcher).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from trainer.api import rng
-from trainer.api.job import Job, TrainFn, ping
+from trainer.api.job import TrainFn
 from trainer.api.misuse import Misuse
 from trainer.config.errors import EXIT_CONFIG, EXIT_NO_RESTART, UnrecoverableError, error_line
 from trainer.config.train_config import TrainConfig
@@ -33,6 +34,7 @@ from trainer.resilience.verdict import RepeatGuard
 from trainer.runtime.children import kill_children
 from trainer.runtime.failures import drop_frames, one_line, refused_resume
 from trainer.runtime.faults import FaultInjector, resolve_ranks
+from trainer.runtime.job import RunningJob, ping
 from trainer.runtime.preflight import open_metrics_server
 from trainer.runtime.session import ProcessInfo, Session, select_device
 from trainer.snapshot.manager import Snapshots
@@ -47,7 +49,7 @@ class Trainer:
         self.cfg = cfg
         self.train = train
         """The entry point's training function (trainer/api), called with a `Job` once per attempt."""
-        self.job: Job | None = None
+        self.job: RunningJob | None = None
         self.proc = ProcessInfo.from_env()
         self.ports = trainer_ports()
         self.device = select_device(cfg, self.proc.local_rank)
@@ -141,7 +143,7 @@ class Trainer:
                 self.device,
                 progress=lambda: ping(call_wrapper),
             )
-            job = Job(
+            job = RunningJob(
                 self.cfg,
                 self.proc,
                 session,

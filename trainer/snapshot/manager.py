@@ -158,11 +158,6 @@ def fingerprint_of(cfg: TrainConfig) -> str:
     """What makes a snapshot this run's: the values that decide the trajectory, and its checkpoint dir."""
     return run_fingerprint(
         {
-            "preset": cfg.model.preset,
-            "data": str(cfg.data.path.resolve()),
-            "seq_len": cfg.data.seq_len,
-            "micro_batch_size": cfg.data.micro_batch_size,
-            "lr": cfg.run.lr,
             "seed": cfg.run.seed,
             "ckpt_dir": str(cfg.ckpt.dir.resolve()),
             "entrypoint": cfg.run.entrypoint,

@@ -1,5 +1,5 @@
-"""trainer/api/entry.py: `module:function` resolves to the team's training function or to one
-`entrypoint` line saying what is wrong; `checked_by` attaches the team's own check, which
+"""trainer/runtime/entry.py and trainer/api/check.py: `module:function` resolves to the team's training
+function or to one `entrypoint` line saying what is wrong; `checked_by` attaches the team's own check, which
 `--check-config` runs (one `config error` line, exit 2) like the library's."""
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.api import checked_by, entry
+from trainer.api import check as contract
+from trainer.api import checked_by
 from trainer.config.settings import ConfigError
+from trainer.runtime import entry
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -163,10 +165,10 @@ def test_checked_by_attaches_the_check() -> None:
     def plain(job: object) -> None:
         pass
 
-    assert entry.entry_check(train) is check
-    assert entry.entry_check(plain) is None
+    assert contract.entry_check(train) is check
+    assert contract.entry_check(plain) is None
     plain.__trainer_check__ = "not callable"  # type: ignore[attr-defined]
-    assert entry.entry_check(plain) is None
+    assert contract.entry_check(plain) is None
     assert train.__name__ == "train"  # the function itself, marked: not a wrapper
 
 
@@ -184,7 +186,7 @@ def test_checked_by_survives_resolve(team: Callable[[str], str]) -> None:
         """
     )
     fn = entry.resolve(name)
-    assert entry.entry_check(fn) is sys.modules[name].check
+    assert contract.entry_check(fn) is sys.modules[name].check
 
 
 # ---- --check-config with a team's entry point ---------------------------------------------------------
@@ -197,31 +199,22 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     return monkeypatch
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.reference.data import write_synthetic_tokens
-
-    return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 5_000, 2048, seed=1)
-
-
-def check_config(
-    argv: list[str], capsys: pytest.CaptureFixture[str], tokens: Path, out: Path
-) -> tuple[int, str, str]:
-    options = [f"--data-path={tokens}", f"--out-dir={out}", "--device=cpu", "--steps=7", "--check-config"]
+def check_config(argv: list[str], capsys: pytest.CaptureFixture[str], out: Path) -> tuple[int, str, str]:
+    # No --data-path, --preset or --seq-len: a team's entry point needs no reference-model option.
+    options = [f"--out-dir={out}", "--device=cpu", "--steps=7", "--check-config"]
     status = entry.run([*options, *argv])
     captured = capsys.readouterr()
     return status, captured.out, captured.err
 
 
 CHECKED_TEAM = """
-from trainer.api import checked_by
-from trainer.config.settings import ConfigError
+from trainer.api import ConfigError, JobConfig, World, checked_by
 
 SEEN = []
 
-def check(cfg, world):
-    SEEN.append((cfg.run.entry_args, cfg.run.steps, world.world_size))
-    if cfg.run.entry_args[:1] == ("--bad",):
+def check(cfg: JobConfig, world: World) -> None:
+    SEEN.append((cfg.args, cfg.steps, world.world_size))
+    if cfg.args[:1] == ("--bad",):
         raise ConfigError("team_data", "x")
 
 @checked_by(check)
@@ -234,14 +227,13 @@ def test_check_config_runs_the_teams_check_and_fails_in_one_line(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
 ) -> None:
     name = team(CHECKED_TEAM)
     clean_env.setenv("NNODES", "2")
     clean_env.setenv("NPROC_PER_NODE", "4")
     status, out, err = check_config(
-        [f"--entrypoint={name}:train", "--", "--bad", "y"], capsys, tokens, tmp_path / "out"
+        [f"--entrypoint={name}:train", "--", "--bad", "y"], capsys, tmp_path / "out"
     )
     assert status == 2, (out, err)
     assert err.splitlines() == ["config error: team_data: x"], err
@@ -253,13 +245,10 @@ def test_check_config_with_a_valid_team_entry_point(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
 ) -> None:
     name = team(CHECKED_TEAM)
-    status, out, err = check_config(
-        [f"--entrypoint={name}:train", "--", "--good"], capsys, tokens, tmp_path / "out"
-    )
+    status, out, err = check_config([f"--entrypoint={name}:train", "--", "--good"], capsys, tmp_path / "out")
     assert status == 0, (out, err)
     lines = out.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"config ok: entry point {name}:train, 7 steps"), out
@@ -272,11 +261,10 @@ def test_check_config_with_an_unchecked_team_entry_point(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
 ) -> None:
     name = team("def train(job):\n    raise AssertionError('--check-config must not train')\n")
-    status, out, err = check_config([f"--entrypoint={name}"], capsys, tokens, tmp_path / "out")
+    status, out, err = check_config([f"--entrypoint={name}"], capsys, tmp_path / "out")
     assert status == 0, (out, err)
     assert out.startswith(f"config ok: entry point {name}, 7 steps"), out
 
@@ -293,13 +281,12 @@ def test_check_config_with_a_bad_entry_point(
     team: Callable[[str], str],
     clean_env: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    tokens: Path,
     tmp_path: Path,
     source: str | None,
     text: str,
 ) -> None:
     name = "no_such_team_module_z" if source is None else team(source)
-    status, out, err = check_config([f"--entrypoint={name}:train"], capsys, tokens, tmp_path / "out")
+    status, out, err = check_config([f"--entrypoint={name}:train"], capsys, tmp_path / "out")
     assert status == 2, (out, err)
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("config error: entrypoint: ") and text in lines[0], err

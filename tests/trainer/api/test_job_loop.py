@@ -129,20 +129,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.reference.data import write_synthetic_tokens
-
-    return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 5_000, 2048, seed=1)
-
-
 def trainer(
-    site: Path, tokens: Path, out: Path, ckpt: Path, fn: str, *extra: str, steps: int = 4
+    site: Path, out: Path, ckpt: Path, fn: str, *extra: str, steps: int = 4
 ) -> subprocess.CompletedProcess[str]:
     argv = [
-        sys.executable, "-m", "trainer", f"--entrypoint={TEAM}:{fn}", f"--data-path={tokens}",
-        f"--steps={steps}", "--ckpt-interval=2", "--ckpt-mode=sync", f"--ckpt-dir={ckpt}", "--device=cpu",
-        f"--seed={SEED}", f"--out-dir={out}", *extra,
+        # No --data-path (nor any reference-model option): a team's function reads its own data.
+        sys.executable, "-m", "trainer", f"--entrypoint={TEAM}:{fn}", f"--steps={steps}", "--ckpt-interval=2",
+        "--ckpt-mode=sync", f"--ckpt-dir={ckpt}", "--device=cpu", f"--seed={SEED}", f"--out-dir={out}",
+        *extra,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(site), str(REPO_ROOT)]))
@@ -174,14 +168,14 @@ def expected_ids(steps: int) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def resumed(site: Path, tokens: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def resumed(site: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two runs of `train` on one checkpoint directory: 4 steps (saves after steps 1 and 3), then the
     same run lengthened to 6 steps, which resumes after step 3. Their output: a/ and b/."""
     root = tmp_path_factory.mktemp("resumed")
     ckpt = root / "ckpt"
-    first = trainer(site, tokens, root / "a", ckpt, "train", "--no-inprocess", "--", "--team-flag", "x")
+    first = trainer(site, root / "a", ckpt, "train", "--no-inprocess", "--", "--team-flag", "x")
     assert first.returncode == 0, first.stderr[-4000:]
-    second = trainer(site, tokens, root / "b", ckpt, "train", "--no-inprocess", "--", "--other", steps=6)
+    second = trainer(site, root / "b", ckpt, "train", "--no-inprocess", "--", "--other", steps=6)
     assert second.returncode == 0, second.stderr[-4000:]
     return root
 
@@ -240,8 +234,8 @@ def test_a_state_entry_with_int_keys_comes_back_whole(resumed: Path) -> None:
     assert record["received_fixed"] == repr({0: 3.5, 1: 6.0})
 
 
-def test_a_function_that_returns_before_the_last_step(site: Path, tokens: Path, tmp_path: Path) -> None:
-    run = trainer(site, tokens, tmp_path / "out", tmp_path / "ckpt", "returns_early", "--no-inprocess")
+def test_a_function_that_returns_before_the_last_step(site: Path, tmp_path: Path) -> None:
+    run = trainer(site, tmp_path / "out", tmp_path / "ckpt", "returns_early", "--no-inprocess")
     # Without a launcher the worker still exits with the no-restart code (trainer/runtime/train.py
     # `_give_up`).
     assert run.returncode == EXIT_NO_RESTART, run.stderr[-4000:]
@@ -255,9 +249,9 @@ def test_a_function_that_returns_before_the_last_step(site: Path, tokens: Path, 
     assert [e["status"] for e in of(evs, "run_end")] == ["failed"]
 
 
-def test_misuse_in_the_loop_is_not_retried_in_process(site: Path, tokens: Path, tmp_path: Path) -> None:
+def test_misuse_in_the_loop_is_not_retried_in_process(site: Path, tmp_path: Path) -> None:
     # Tier 1 on (the default): a Misuse is unrecoverable, so the Wrapper must not start another attempt.
-    run = trainer(site, tokens, tmp_path / "out", tmp_path / "ckpt", "plain_data")
+    run = trainer(site, tmp_path / "out", tmp_path / "ckpt", "plain_data")
     assert run.returncode == EXIT_NO_RESTART, run.stderr[-4000:]
     lines = [line for line in run.stderr.splitlines() if line.startswith("config error:")]
     assert len(lines) == 1 and lines[0].startswith("config error: data: list cannot save its position"), (

@@ -28,11 +28,11 @@ JOB_TIMEOUT_S = 300
 
 def _trainer(data: Path, out: Path, mode: str, *extra: str) -> list[str]:
     return [
-        "-m", "trainer", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
-        f"--steps={STEPS}", f"--ckpt-interval={INTERVAL}", "--ckpt-keep=2", f"--ckpt-mode={mode}",
-        f"--out-dir={out}", "--device=cpu", "--seed=11", "--no-inprocess", "--collective-timeout=30",
-        "--inprocess-soft-timeout=60", "--inprocess-hard-timeout=90", "--inprocess-barrier-timeout=100",
-        "--heartbeat-timeout=120", *extra,
+        "-m", "trainer", f"--steps={STEPS}", f"--ckpt-interval={INTERVAL}", "--ckpt-keep=2",
+        f"--ckpt-mode={mode}", f"--out-dir={out}", "--device=cpu", "--seed=11", "--no-inprocess",
+        "--collective-timeout=30", "--inprocess-soft-timeout=60", "--inprocess-hard-timeout=90",
+        "--inprocess-barrier-timeout=100", "--heartbeat-timeout=120", *extra,
+        "--", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
     ]  # fmt: skip
 
 

@@ -508,10 +508,8 @@ def test_one_checkpoint_config_behind_the_cli(tmp_path: Path) -> None:
     from tests.helpers import REPO_ROOT
     from trainer.checkpoint.config import CheckpointConfig as Direct
     from trainer.config.train_config import ConfigError, TrainConfig, config_from_args
-    from trainer.reference.data import write_synthetic_tokens
 
-    data = write_synthetic_tokens(tmp_path / "t.npy", 10_000, 2048, seed=1)
-    argv = ["--data-path", str(data), "--out-dir", str(tmp_path / "out")]
+    argv = ["--out-dir", str(tmp_path / "out")]
     cfg = config_from_args(argv, env={})
     assert isinstance(cfg.ckpt, Direct)
     assert TrainConfig.__dataclass_fields__["ckpt"].type in ("CheckpointConfig", Direct)

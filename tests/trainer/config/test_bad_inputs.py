@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port
-from tests.trainer._jobs import overriding
+from tools.podcommand import flag_name
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -58,16 +58,23 @@ def good_tokens(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_tokens(tmp_path_factory.mktemp("data") / "tokens.npy", 20_000, VOCAB, seed=1)
 
 
-def base_args(data: Path, out: Path) -> list[str]:
-    return [
-        "--preset=tiny",
-        f"--data-path={data}",
-        f"--out-dir={out}",
-        f"--seq-len={SEQ_LEN}",
-        "--micro-batch-size=2",
-        "--steps=10",
-        "--device=cpu",
-    ]
+REFERENCE_FLAGS = ("--preset", "--data-path", "--seq-len", "--micro-batch-size", "--lr")
+"""The reference entry point's own options (trainer/reference/config.py): given after `--`."""
+
+
+def base_args(data: Path, out: Path, *extra: str) -> list[str]:
+    """The library's options and `extra`'s, then `--` and the reference model's (`extra`'s last); an
+    option of `extra` replaces the base's of the same name (both parsers refuse a flag given twice)."""
+    ours = [e for e in extra if e.partition("=")[0] in REFERENCE_FLAGS]
+    library = [e for e in extra if e not in ours]
+    library_base = [f"--out-dir={out}", "--steps=10", "--device=cpu"]
+    reference_base = ["--preset=tiny", f"--data-path={data}", f"--seq-len={SEQ_LEN}", "--micro-batch-size=2"]
+    return [*_replaced(library_base, library), "--", *_replaced(reference_base, ours)]
+
+
+def _replaced(base: list[str], extra: list[str]) -> list[str]:
+    given = {flag_name(e) for e in extra if e.startswith("--")}
+    return [b for b in base if flag_name(b) not in given] + extra
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -192,7 +199,7 @@ def test_bad_token_file_fails_check_config_in_one_line(
     for name, value in case.env.items():
         clean_env.setenv(name, value)
     data = case.make(tmp_path / "tokens.npy")
-    status, err = run_main([*base_args(data, tmp_path / "out"), "--check-config"], capsys)
+    status, err = run_main(base_args(data, tmp_path / "out", "--check-config"), capsys)
     assert status == 2
     assert_one_line(err, "data_path", case.text)
 
@@ -390,8 +397,7 @@ def test_bad_flag_or_place_fails_check_config_in_one_line(
     case = cases[index]
     for name, value in case.env.items():
         clean_env.setenv(name, value)
-    argv = overriding(base_args(good_tokens, tmp_path / "out"), case.extra)
-    status, err = run_main([*argv, "--check-config"], capsys)
+    status, err = run_main(base_args(good_tokens, tmp_path / "out", *case.extra, "--check-config"), capsys)
     assert status == 2, case.name
     assert_one_line(err, case.field, case.text)
     assert not (tmp_path / "out").exists(), "--check-config created the output directory"
@@ -403,7 +409,7 @@ def test_a_valid_configuration_passes_check_config(
     clean_env.setenv("NNODES", "2")
     clean_env.setenv("NPROC_PER_NODE", "4")
     status = run_main(
-        [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=7", "--check-config"],
+        base_args(good_tokens, tmp_path / "out", "--fault=exception:step=3:rank=7", "--check-config"),
         capsys,
     )[0]
     assert status == 0
@@ -418,7 +424,7 @@ def test_at_start_up_under_a_launcher_the_same_line_exits_93(
     clean_env.setenv("WORLD_SIZE", "2")
     clean_env.setenv("RANK", "1")
     status, err = run_main(
-        [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=2"], capsys
+        base_args(good_tokens, tmp_path / "out", "--fault=exception:step=3:rank=2"), capsys
     )
     assert status == 93
     assert_one_line(err, "fault", "rank 2 does not exist (world size 2, from WORLD_SIZE)")
@@ -426,11 +432,17 @@ def test_at_start_up_under_a_launcher_the_same_line_exits_93(
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["unrecoverable.json"]
     from trainer.resilience.verdict import recorded_line
 
-    argv = [*base_args(good_tokens, tmp_path / "out"), "--fault=exception:step=3:rank=2"]
+    argv = base_args(good_tokens, tmp_path / "out", "--fault=exception:step=3:rank=2")
     line = recorded_line(argv, os.environ)
     assert line is not None and line.startswith("config error: fault: ") and "found by rank 1" in line
     assert recorded_line(argv, {**os.environ, "TORCHELASTIC_RUN_ID": "another-job"}) is None
-    assert recorded_line([*argv, "--steps=11"], os.environ) is None  # the user changed something
+    assert (
+        recorded_line(
+            base_args(good_tokens, tmp_path / "out", "--fault=exception:step=3:rank=2", "--steps=11"),
+            os.environ,
+        )
+        is None
+    )  # the user changed something
 
 
 # ---- as the init container runs it ---------------------------------------------------------------------
@@ -447,7 +459,7 @@ def test_check_config_subprocess(make: Callable[[Path], Path], text: str, tmp_pa
     env.update(NNODES="1", NPROC_PER_NODE="2", MASTER_PORT=str(free_port()))
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", *base_args(data, tmp_path / "out"), "--check-config"],
+        [sys.executable, "-m", "trainer", *base_args(data, tmp_path / "out", "--check-config")],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -1,5 +1,6 @@
 """The chart and the trainer agree on every render-time rule they share: for generated values, `helm
-template` accepts exactly when the trainer's TrainConfig accepts the same settings.
+template` accepts exactly when the trainer accepts the same settings (its TrainConfig, and the reference
+entry point's own options after `--`: the sequence length within the preset).
 
 Rules compared: timeouts that nest (collective < soft < hard < barrier < heartbeat; 1 s < liveness <=
 hard; liveness < hang floor), faults that fire (a step the run reaches; an in-save fault at a save at or
@@ -18,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.chart.helm import rendered_trainer_config, template_result
-from trainer.config.components import CHART_TABLE, chart_values
+from trainer.config.components import CHART_TABLE
 from trainer.config.train_config import ConfigError, config_from_args
+from trainer.reference.config import REFERENCE_CHART_TABLE, chart_values, reference_config
 
 FAULT_KINDS = ("exception", "sigkill", "ckpt-crash", "ckpt-write-error")
 
@@ -54,20 +56,26 @@ def settings_by_field(draw: st.DrawFn) -> dict[str, Any]:
 
 
 def trainer_argv(by_field: dict[str, Any], data: Path, out: Path) -> list[str]:
-    """The trainer's options for these settings, through the table (what the chart renders)."""
+    """The trainer's options for these settings, through the tables (what the chart renders): the
+    library's, then `--` and the reference model's."""
     flags = {row.field: row.flag for row in CHART_TABLE}
-    argv = [f"--data-path={data}", f"--out-dir={out}", "--device=cpu"]
+    ours = {row.field: row.flag for row in REFERENCE_CHART_TABLE}
+    argv = [f"--out-dir={out}", "--device=cpu"]
+    entry = [f"--data-path={data}"]
     for name, value in by_field.items():
         if name == "faults.specs":
             argv += [f"--fault={spec}" for _, spec in sorted(value.items())]
+        elif name in ours:
+            entry.append(f"{ours[name]}={value}")
         else:
             argv.append(f"{flags[name]}={value}")
-    return argv
+    return [*argv, "--", *entry]
 
 
 def trainer_accepts(argv: list[str]) -> tuple[bool, str]:
     try:
-        config_from_args(argv, env={})
+        cfg = config_from_args(argv, env={})
+        reference_config(cfg.run.entry_args)  # the reference entry point's check (checked_by)
     except ConfigError as exc:
         return False, str(exc)
     return True, ""

@@ -1,6 +1,7 @@
-"""The chart-to-trainer table (trainer/config/components.py CHART_TABLE), checked both ways: every chart value
-the trainer's command renders has a row, and every row's option exists in the generated CLI, its value
-in values.yaml and values.schema.json, and a value set through the row arrives in its field."""
+"""The chart-to-trainer tables, checked both ways: the library's (trainer/config/components.py CHART_TABLE)
+and the reference model's (trainer/reference/config.py REFERENCE_CHART_TABLE, rendered after `--`). Every
+chart value the trainer's command renders has a row, and every row's option exists in its generated CLI,
+its value in values.yaml and values.schema.json, and a value set through the row arrives in its field."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.chart.helm import env_of, render, rendered_trainer_config, trainer_co
 from trainer.config.components import CHART_TABLE, COMPONENTS, chart_values
 from trainer.config.settings import declared
 from trainer.config.train_config import TrainConfig, make_parser
+from trainer.reference import config as reference
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
 
 POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
@@ -26,15 +28,11 @@ POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
 # trainer parses out of the rendered pod command.
 SAMPLE: dict[str, Any] = {
     "run.steps": 77,
-    "run.lr": 0.002,
     "run.seed": 5,
     "run.device": "cpu",
     "run.inprocess": False,
     "run.max_repeated_faults": 2,
     "run.entrypoint": "team.train:main",
-    "model.preset": "tiny",
-    "data.seq_len": 64,
-    "data.micro_batch_size": 2,
     "timeouts.collective_timeout": 11.0,
     "timeouts.inprocess_soft_timeout": 12.0,
     "timeouts.inprocess_hard_timeout": 13.0,
@@ -59,7 +57,16 @@ SAMPLE: dict[str, Any] = {
 }
 
 
-def _field_value(cfg: TrainConfig, dotted: str) -> Any:
+# The same for the reference model's rows, rendered when the entry point is the reference.
+REFERENCE_SAMPLE: dict[str, Any] = {
+    "model.preset": "small",
+    "data.seq_len": 64,
+    "data.micro_batch_size": 3,
+    "optim.lr": 0.002,
+}
+
+
+def _field_value(cfg: Any, dotted: str) -> Any:
     component, name = dotted.split(".")
     return getattr(getattr(cfg, component), name)
 
@@ -80,21 +87,31 @@ def test_every_row_is_an_option_of_the_generated_cli_and_a_chart_value() -> None
         if not row.is_place:
             assert row.value in values, f"{row.value} is not in k8s/values.yaml"
             assert row.value in schema, f"{row.value} is not in k8s/values.schema.json"
+    ref_options = {o for a in reference.make_parser()._actions for o in a.option_strings}
+    for row in reference.REFERENCE_CHART_TABLE:
+        assert row.flag in ref_options and row.flag not in options, row
+        if not row.is_place:
+            assert row.value in values and row.value in schema, row
     # TrainConfig is exactly the components, each declared with `setting` (nothing undeclared).
-    assert [f.name for f in fields(TrainConfig)][:2] == ["data", "ckpt"]
+    assert [f.name for f in fields(TrainConfig)][:1] == ["ckpt"]
     assert {f.name for f in fields(TrainConfig)} == set(COMPONENTS)
-    for cls in COMPONENTS.values():
+    assert {f.name for f in fields(reference.ReferenceConfig)} == set(reference.REFERENCE_COMPONENTS)
+    for cls in (*COMPONENTS.values(), *reference.REFERENCE_COMPONENTS.values()):
         assert [f.name for f in fields(cls)] == [f.name for f, _ in declared(cls)], cls
 
 
 def test_every_chart_value_the_trainer_command_reads_has_a_row() -> None:
     """Both ways, statically: the `$v.<key>` references of the trainer's arguments in _pod.tpl are the
     table's values (extraTrainerArgs passes options through as written), and the `$(ENV)` ones its places."""
-    block = _pod_template_block("trainer.trainerArgs")
-    read = set(re.findall(r"\$v\.([A-Za-z0-9]+)", block)) - {"extraTrainerArgs"}
-    assert read == {r.value for r in CHART_TABLE if not r.is_place}
-    places = set(re.findall(r"--[a-z-]+=\$\(([A-Z_]+)\)", block))
-    assert places == {r.value for r in CHART_TABLE if r.is_place}
+    for name, table in (
+        ("trainer.trainerArgs", CHART_TABLE),
+        ("trainer.referenceArgs", reference.REFERENCE_CHART_TABLE),
+    ):
+        block = _pod_template_block(name)
+        read = set(re.findall(r"\$v\.([A-Za-z0-9]+)", block)) - {"extraTrainerArgs"}
+        assert read == {r.value for r in table if not r.is_place}, name
+        places = set(re.findall(r"--[a-z-]+=\$\(([A-Z_]+)\)", block))
+        assert places == {r.value for r in table if r.is_place}, name
 
 
 def test_a_value_set_through_the_table_arrives_in_its_field(tmp_path: Path) -> None:
@@ -116,6 +133,27 @@ def test_a_value_set_through_the_table_arrives_in_its_field(tmp_path: Path) -> N
     assert rendered == {r.flag for r in CHART_TABLE}
     env = env_of(container)
     assert {r.value for r in CHART_TABLE if r.is_place} <= set(env)
+
+
+def test_a_reference_value_set_through_the_table_arrives_in_its_field(tmp_path: Path) -> None:
+    """The reference model's values reach its own options after `--` (job.args), not the library's."""
+    rows = [r for r in reference.REFERENCE_CHART_TABLE if not r.is_place]
+    assert {r.field for r in rows} == set(REFERENCE_SAMPLE), "a row without a sample value"
+    values = {**reference.chart_values(REFERENCE_SAMPLE), "nodes": 1}
+    cfg = rendered_trainer_config(tmp_path, values)
+    assert cfg.run.entrypoint == "trainer.reference:train"
+    ref = reference.reference_config(cfg.run.entry_args)
+    for row in rows:
+        got, want = _field_value(ref, row.field), REFERENCE_SAMPLE[row.field]
+        assert got == want and type(got) is type(want), (row, got, want)
+    assert ref.data.path == tmp_path / "tokens.npy"  # the place $(DATA_PATH), expanded
+    container = trainer_container(render(values))
+    entry = container["args"][container["args"].index("--") + 1 :]
+    assert {a.split("=", 1)[0] for a in entry} == {r.flag for r in reference.REFERENCE_CHART_TABLE}
+    assert {r.value for r in reference.REFERENCE_CHART_TABLE if r.is_place} <= set(env_of(container))
+    # A team's entry point gets none of them.
+    team = trainer_container(render({**values, "entrypoint": "team.train:main"}))
+    assert "--" not in team["args"] and not any(a.startswith("--data-path") for a in team["args"])
 
 
 def test_the_snapshot_directory_is_the_trainers_default_inside_the_pods_memory_mount() -> None:
@@ -143,3 +181,7 @@ def test_chart_values_refuses_a_field_no_chart_value_renders() -> None:
     with pytest.raises(KeyError, match=r"ckpt\.collective_timeout_s"):
         chart_values({"ckpt.collective_timeout_s": 3.0})
     assert chart_values({"ckpt.interval_steps": 300}) == {"ckptInterval": 300}
+    with pytest.raises(KeyError, match=r"data\.seq_len"):  # the reference model's, not the library's
+        chart_values({"data.seq_len": 64})
+    both = {"ckpt.interval_steps": 300, "data.seq_len": 64}
+    assert reference.chart_values(both) == {"ckptInterval": 300, "seqLen": 64}

@@ -23,13 +23,13 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic_tokens(tmp_path_factory.mktemp("d") / "t.npy", 10_000, 2048, seed=1)
 
 
-def _args(data: Path, *extra: str) -> list[str]:
-    return ["--data-path", str(data), "--out-dir", "/tmp/unused-out", *extra]
+def _args(*extra: str) -> list[str]:
+    return ["--out-dir", "/tmp/unused-out", *extra]
 
 
-def test_defaults_parse_and_nest(data: Path) -> None:
-    cfg = config_from_args(_args(data), env={})
-    assert cfg.model.preset == "tiny" and cfg.run.inprocess and cfg.ckpt.dir == Path("/tmp/unused-out/ckpt")
+def test_defaults_parse_and_nest() -> None:
+    cfg = config_from_args(_args(), env={})
+    assert cfg.run.inprocess and cfg.ckpt.dir == Path("/tmp/unused-out/ckpt")
     t = cfg.timeouts
     assert (
         t.collective_timeout
@@ -38,7 +38,16 @@ def test_defaults_parse_and_nest(data: Path) -> None:
         < t.inprocess_barrier_timeout
         < t.heartbeat_timeout
     )
-    assert cfg.to_dict()["data"]["path"] == str(data)
+    assert cfg.to_dict()["run"]["out_dir"] == "/tmp/unused-out"
+
+
+def test_the_library_config_holds_no_model_data_or_optimizer() -> None:
+    """A team's function needs no reference-model flag: the library neither requires nor knows one."""
+    cfg = config_from_args(_args("--entrypoint=team.train"), env={})
+    assert set(cfg.to_dict()) == {"run", "ckpt", "timeouts", "snapshot", "metrics", "faults"}
+    assert "lr" not in cfg.to_dict()["run"]
+    with pytest.raises(ConfigError, match="config error: arguments: unrecognized arguments: --data-path"):
+        config_from_args(_args("--data-path=/tmp/x.npy"), env={})
 
 
 @pytest.mark.parametrize(
@@ -46,10 +55,34 @@ def test_defaults_parse_and_nest(data: Path) -> None:
     [
         (["--preset", "huge"], "preset"),
         (["--seq-len", "100000"], "seq_len"),
-        (["--steps", "0"], "steps"),
+        (["--seq-len", "0"], "seq_len"),
         (["--micro-batch-size", "0"], "micro_batch_size"),
         (["--lr", "-1"], "lr"),
         (["--lr", "nan"], "lr"),
+        (["--steps", "3"], "arguments"),
+    ],
+)
+def test_bad_reference_values_name_the_flag(data: Path, extra: list[str], field: str) -> None:
+    from trainer.reference.config import reference_config
+
+    with pytest.raises(ConfigError) as info:
+        reference_config(["--data-path", str(data), *extra])
+    assert info.value.field == field
+    assert str(info.value).startswith(f"config error: {field}: ")
+
+
+def test_reference_defaults(data: Path) -> None:
+    from trainer.reference.config import reference_config
+
+    ref = reference_config(["--data-path", str(data)])
+    assert (ref.model.preset, ref.data.path, ref.data.seq_len, ref.optim.lr) == ("tiny", data, 128, 3e-4)
+    assert ref.arch.max_seq_len == 512
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--steps", "0"], "steps"),
         (["--ckpt-interval", "0"], "ckpt_interval"),
         (["--ckpt-keep", "0"], "ckpt_keep"),
         (["--metrics-port", "70000"], "metrics_port"),
@@ -62,21 +95,27 @@ def test_defaults_parse_and_nest(data: Path) -> None:
         (["--fault", "ckpt-crash:step=99", "--ckpt-interval", "10", "--steps", "99"], "fault"),
     ],
 )
-def test_bad_values_name_the_field(data: Path, extra: list[str], field: str) -> None:
+def test_bad_values_name_the_field(extra: list[str], field: str) -> None:
     with pytest.raises(ConfigError) as info:
-        config_from_args(_args(data, *extra), env={})
+        config_from_args(_args(*extra), env={})
     assert info.value.field == field
     assert str(info.value).startswith(f"config error: {field}: ")
 
 
 def test_missing_data_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="config error: data_path: "):
-        config_from_args(_args(tmp_path / "absent.npy"), env={})
+    from trainer.reference.config import reference_config
+
+    with pytest.raises(ConfigError, match=r"config error: data_path: .* does not exist"):
+        reference_config(["--data-path", str(tmp_path / "absent.npy")])
+    with pytest.raises(ConfigError, match=r"config error: data_path: .* is not a file"):
+        reference_config(["--data-path", str(tmp_path)])
+    with pytest.raises(ConfigError, match="config error: data_path: the following arguments are required"):
+        reference_config([])
 
 
-def test_faults_come_from_cli_and_env(data: Path) -> None:
+def test_faults_come_from_cli_and_env() -> None:
     cfg = config_from_args(
-        _args(data, "--fault", "exception:step=3:rank=1"),
+        _args("--fault", "exception:step=3:rank=1"),
         env={"TRAINER_FAULTS": "sigkill:step=5 ; node-loss:step=7:node=1"},
     )
     assert [str(f) for f in cfg.faults.specs] == [
@@ -95,13 +134,24 @@ def test_cli_help_lists_the_contract_options() -> None:
         timeout=120,
     )
     assert out.returncode == 0
-    for option in ("--preset", "--ckpt-mode", "--no-inprocess", "--inprocess-barrier-timeout", "--fault"):
+    for option in ("--entrypoint", "--ckpt-mode", "--no-inprocess", "--inprocess-barrier-timeout", "--fault"):
         assert option in out.stdout
+    assert "--preset" not in out.stdout and "--data-path" not in out.stdout  # the reference model's
 
 
-def test_bad_config_exits_before_any_process_group(data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("reference_args", "line"),
+    [
+        (["--seq-len", "4096"], "config error: seq_len: must be in [1, 512] for preset tiny"),
+        (["--data-path", "/nonexistent/t.npy"], "config error: data_path: /nonexistent/t.npy does not exist"),
+    ],
+)
+def test_bad_config_exits_before_any_process_group(
+    data: Path, tmp_path: Path, reference_args: list[str], line: str
+) -> None:
     # WORLD_SIZE=2 with no second rank: had the trainer started a process group it would wait for a peer
-    # (and write run_start); a config error must end it at once with status 2 and the field named.
+    # (and write run_start); a config error must end it at once with status 2 and the field named. The
+    # reference entry point's own options (after `--`) are checked there too, by its `checked_by` check.
     env = {
         **os.environ,
         "RANK": "0",
@@ -116,12 +166,12 @@ def test_bad_config_exits_before_any_process_group(data: Path, tmp_path: Path) -
             sys.executable,
             "-m",
             "trainer",
-            "--data-path",
-            str(data),
-            "--seq-len",
-            "4096",
             "--out-dir",
             str(out_dir),
+            "--",
+            # the reference model's data, unless the case gives its own (a flag may be given once)
+            *([] if "--data-path" in reference_args else ["--data-path", str(data)]),
+            *reference_args,
         ],
         cwd=REPO_ROOT,
         env=env,
@@ -130,7 +180,8 @@ def test_bad_config_exits_before_any_process_group(data: Path, tmp_path: Path) -
         timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "config error: seq_len: must be in [1, 512]" in proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(line), proc.stderr
     assert not list(out_dir.glob("events.rank*.jsonl")), "the trainer got as far as writing events"
     assert time.monotonic() - t0 < 60
 

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.trainer._reference import with_reference_last
 from trainer.config.inputs import ENV_SETTINGS, MAX_SECONDS, check_env, open_regular
 from trainer.config.train_config import ConfigError
 from trainer.reference.data_check import _check_open_file, check_token_file, meta_path
@@ -54,7 +55,7 @@ def one_line(err: str, field: str) -> str:
 def check_config(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     from trainer.__main__ import main
 
-    status = main(["--check-config", *argv])
+    status = main(["--check-config", *with_reference_last(argv)])
     return status, capsys.readouterr().err
 
 

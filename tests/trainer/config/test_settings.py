@@ -17,6 +17,7 @@ from trainer.checkpoint.config import CheckpointConfig
 from trainer.config.components import COMPONENTS, MetricsConfig, RunConfig
 from trainer.config.settings import declared, dest
 from trainer.config.train_config import ConfigError, TrainConfig, config_from_args, make_parser
+from trainer.reference.config import OptimConfig
 from trainer.resilience.timeouts import DEFAULT_LIVENESS_TIMEOUT, Timeouts
 
 
@@ -40,7 +41,7 @@ def test_generated_options_default_to_the_declared_defaults() -> None:
     [
         (lambda: RunConfig(steps=0), "config error: steps: must be >= 1, got 0"),
         (lambda: RunConfig(seed=-1), "config error: seed: must be >= 0"),
-        (lambda: RunConfig(lr=float("nan")), "config error: lr: must be a positive finite number, got nan"),
+        (lambda: OptimConfig(lr=float("nan")), "config error: lr: must be a positive finite number, got nan"),
         (lambda: MetricsConfig(port=70000), "config error: metrics_port: must be in [0, 65535], got 70000"),
         (lambda: MetricsConfig(linger=-1.0), "config error: metrics_linger: must be >= 0 seconds, got -1.0"),
         (
@@ -63,23 +64,23 @@ def test_bounds_name_the_option(build: object, line: str) -> None:
     assert str(info.value).startswith(line), str(info.value)
 
 
-def test_the_checkpoint_collective_timeout_is_derived_not_overwritten(token_file: Path) -> None:
-    argv = ["--data-path", str(token_file), "--out-dir", "/tmp/unused-out", "--collective-timeout=7"]
+def test_the_checkpoint_collective_timeout_is_derived_not_overwritten() -> None:
+    argv = ["--out-dir", "/tmp/unused-out", "--collective-timeout=7"]
     argv += ["--inprocess-soft-timeout=8", "--inprocess-hard-timeout=11", "--inprocess-barrier-timeout=12"]
     cfg = config_from_args(argv, env={})
     assert cfg.ckpt.collective_timeout_s == cfg.timeouts.collective_timeout == 7.0
     assert "--ckpt-collective-timeout" not in make_parser().format_help()  # derived: no option
     with pytest.raises(ConfigError, match=r"^config error: collective_timeout: the checkpoint"):
-        TrainConfig(
-            data=cfg.data, ckpt=CheckpointConfig(dir=Path("/c")), timeouts=Timeouts(7, 8, 11, 12, 300)
-        )
+        TrainConfig(ckpt=CheckpointConfig(dir=Path("/c")), timeouts=Timeouts(7, 8, 11, 12, 300))
 
 
 def test_the_configuration_layer_imports_without_torch_or_a_cycle() -> None:
     code = (
         "import sys; import trainer.config.flags; "
         "assert 'trainer.config.train_config' not in sys.modules, 'flags -> config'; "
-        "import trainer.config.components; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "import trainer.config.components, trainer.reference.config; "
+        "assert 'trainer.reference.model' not in sys.modules, 'the chart table needs no model'; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'tools', 'bench', 'infra')]; print(bad); sys.exit(bool(bad))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}

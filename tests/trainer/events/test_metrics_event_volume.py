@@ -1,5 +1,5 @@
 """Per-step event bytes per node do not grow with the ranks per node (Contract 3): the real
-EventLog, driven with exactly the per-step emits of the loop (trainer/api/job.py) and the replica
+EventLog, driven with exactly the per-step emits of the loop (trainer/runtime/job.py) and the replica
 sender (trainer/snapshot/replica.py), at 1, 2 and 8 ranks per node."""
 
 from __future__ import annotations

@@ -104,10 +104,10 @@ def test_prometheus_sees_the_runs_goodput_faults_and_tiers(
     argv = [
         torchrun, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=0", "--monitor-interval=0.2",
-        "-m", "trainer", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
-        f"--steps={STEPS}", "--ckpt-interval=3", "--ckpt-keep=3", "--ckpt-mode=nvrx", f"--out-dir={out}",
-        "--device=cpu", "--seed=11", "--inprocess", "--fault=exception:step=6:rank=1",
+        "-m", "trainer", f"--steps={STEPS}", "--ckpt-interval=3", "--ckpt-keep=3", "--ckpt-mode=nvrx",
+        f"--out-dir={out}", "--device=cpu", "--seed=11", "--inprocess", "--fault=exception:step=6:rank=1",
         f"--metrics-port={metrics_port}", "--metrics-linger=60", *TIMEOUTS,
+        "--", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     with open(log, "w") as fh:

@@ -179,7 +179,7 @@ def test_without_a_live_zygote_the_worker_starts_cold(tmp_path: Path) -> None:
         "PYTHONPATH": str(REPO),
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "--data-path", str(tmp_path / "missing.npy"), "--check-config"],
+        [sys.executable, "-m", "trainer", "--check-config", "--", f"--data-path={tmp_path / 'missing.npy'}"],
         env=env,
         cwd=REPO,
         capture_output=True,

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import REPO_ROOT, free_port
-from tests.trainer._jobs import overriding
 from tools.localpods import LocalJob, node_places, node_pod_spec
-from tools.podcommand import LocalPlaces, pod_argv
+from tools.podcommand import LocalPlaces, pod_argv, with_options
 
 STEPS = 12
 CKPT_INTERVAL = 3
@@ -81,7 +80,8 @@ def job(
     **kw: Any,
 ) -> LocalJob:
     """`nnodes` LocalJob pods of `nproc` ranks running the pod command as the chart renders it
-    (tools/podcommand.py) with pod_values(nnodes, nproc, **values), then `extra`; output in tmp_path/run,
+    (tools/podcommand.py) with pod_values(nnodes, nproc, **values), `extra` last among the trainer's
+    options; output in tmp_path/run,
     logs in tmp_path/pod-<i>.log."""
     port = free_port()
     out = tmp_path / "run"
@@ -90,7 +90,7 @@ def job(
     specs = []
     for i in range(nnodes):  # each pod on a node of its own: its own NVMe and /dev/shm folders
         places = node_places(LocalPlaces(port, data, out), i)
-        argv = overriding(pod_argv(chart_values, places), extra)  # the trainer refuses a repeated flag
+        argv = with_options(pod_argv(chart_values, places), extra)
         # GROUP_RANK: the infrastructure rank NVRx orders a round's nodes by, so pod i starts as node i
         # (the rendezvous service ranks the launchers; none of them is pod 0 by hosting the store).
         pod_env = {**env, "GROUP_RANK": str(i)}

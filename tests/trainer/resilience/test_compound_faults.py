@@ -53,10 +53,6 @@ def _argv(port: int, out: Path, data: Path, *faults: str) -> list[str]:
         "--term-timeout=5",
         "-m",
         "trainer",
-        "--preset=tiny",
-        f"--data-path={data}",
-        "--seq-len=32",
-        "--micro-batch-size=2",
         f"--steps={STEPS}",
         "--ckpt-interval=3",
         "--ckpt-keep=2",
@@ -70,6 +66,11 @@ def _argv(port: int, out: Path, data: Path, *faults: str) -> list[str]:
         "--inprocess-barrier-timeout=25",
         "--heartbeat-timeout=40",
         *(f"--fault={f}" for f in faults),
+        "--",  # the reference entry point's own options
+        "--preset=tiny",
+        f"--data-path={data}",
+        "--seq-len=32",
+        "--micro-batch-size=2",
     ]
 
 

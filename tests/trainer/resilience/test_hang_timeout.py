@@ -243,7 +243,7 @@ def test_flags_reach_the_config_and_the_policy(tmp_path: Path) -> None:
 
     data = tmp_path / "tokens.npy"
     np.save(data, np.zeros(4096, dtype=np.uint16))
-    base = [f"--data-path={data}", f"--out-dir={tmp_path / 'run'}", "--ckpt-interval=7", "--device=cpu"]
+    base = [f"--out-dir={tmp_path / 'run'}", "--ckpt-interval=7", "--device=cpu"]
     cfg = config_from_args(
         [*base, "--hang-timeout-floor=12.5", "--hang-timeout-factor=4", "--hang-warmup-steps=3"], env={}
     )

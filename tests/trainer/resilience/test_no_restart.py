@@ -46,10 +46,11 @@ def test_no_progress_across_restarts_exits_93_and_fails_the_job_at_once(tmp_path
         f"--ft-checkpoint-iteration-file={iteration_file}",
         "-m",
         "trainer",
-        f"--data-path={tmp_path / 'missing.npy'}",
         f"--ckpt-dir={ckpt}",
         f"--out-dir={tmp_path / 'run'}",
         "--device=cpu",
+        "--",
+        f"--data-path={tmp_path / 'missing.npy'}",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     log = tmp_path / "pod-0.log"

@@ -135,3 +135,27 @@ def test_transient_fault_is_still_recovered(faulty_run: tuple[Path, Path]) -> No
     assert of(evs, "fault_detected", tier=1, rank=1)
     assert not (out / "unrecoverable.json").exists()
     assert "config error:" not in log.read_text(errors="replace"), log_tail(log)
+
+
+def test_the_record_is_keyed_by_the_files_the_entry_points_arguments_name(tmp_path: Path) -> None:
+    """The data file is the entry point's (the reference model's `--data-path` after `--`, or a team's own
+    argument): replacing it, or naming another, makes an earlier verdict stale; a directory an argument
+    names (its mtime moves while a run writes into it) and plain values do not count."""
+    from trainer.config.errors import UnrecoverableError
+    from trainer.resilience.verdict import RunIdentity, record_unrecoverable, recorded_line
+
+    data, other, folder = tmp_path / "tokens.npy", tmp_path / "other.npy", tmp_path / "folder"
+    data.write_bytes(b"x" * 10)
+    other.write_bytes(b"y" * 10)
+    folder.mkdir()
+    env = {"TORCHELASTIC_RUN_ID": "job"}
+    argv = [f"--out-dir={tmp_path / 'out'}", "--", f"--data-path={data}", "--seq-len=32", str(folder)]
+    run = RunIdentity.from_argv(argv)
+    assert run is not None and data in run.inputs and folder in run.inputs
+    record_unrecoverable(argv, UnrecoverableError("data_path", "bad ids"), 0, env)
+    assert recorded_line(argv, env) is not None
+    (folder / "new").write_text("a run writing here")
+    assert recorded_line(argv, env) is not None  # a directory's change is not the user's fix
+    assert recorded_line([*argv[:2], f"--data-path={other}", *argv[3:]], env) is None
+    data.write_bytes(b"z" * 12)  # the user wrote a new token file
+    assert recorded_line(argv, env) is None

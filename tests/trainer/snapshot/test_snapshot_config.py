@@ -11,7 +11,7 @@ from trainer.snapshot.config import SnapshotConfig, run_fingerprint
 
 
 def _args(data: Path, *extra: str) -> list[str]:
-    return ["--data-path", str(data), "--out-dir", "/tmp/unused-out", *extra]
+    return ["--out-dir", "/tmp/unused-out", *extra]
 
 
 def test_snapshots_are_off_by_default_and_parse(token_file: Path) -> None:
