@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port
+from tools.podcommand import with_options
 
 pytestmark = pytest.mark.slow
 
@@ -27,13 +28,14 @@ JOB_TIMEOUT_S = 300
 
 
 def _trainer(data: Path, out: Path, mode: str, *extra: str) -> list[str]:
-    return [
+    """The trainer's command; an option of `extra` replaces the same one here (the parser refuses repeats)."""
+    return with_options([
         "-m", "trainer", f"--steps={STEPS}", f"--ckpt-interval={INTERVAL}", "--ckpt-keep=2",
         f"--ckpt-mode={mode}", f"--out-dir={out}", "--device=cpu", "--seed=11", "--no-inprocess",
         "--collective-timeout=30", "--inprocess-soft-timeout=60", "--inprocess-hard-timeout=90",
-        "--inprocess-barrier-timeout=100", "--heartbeat-timeout=120", *extra,
+        "--inprocess-barrier-timeout=100", "--heartbeat-timeout=120",
         "--", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
-    ]  # fmt: skip
+    ], extra)  # fmt: skip
 
 
 def _torchrun(max_restarts: int = 0) -> list[str]:

@@ -376,8 +376,7 @@ def test_generated_flag_sets_are_rejected_in_one_line_or_kept_as_written(
 def test_generated_cases_through_the_real_command_line(gen_tokens: Path, tmp_path: Path) -> None:
     """A few generated rejections as real processes (argv bytes, stderr encoding, exit status)."""
     picks = ["--seq-len=١٢", "--out-dir=" + str(tmp_path / "é\nx")]
-    base = [f"--out-dir={tmp_path / 'out'}", "--device=cpu", "--check-config"]
-    reference = ["--", f"--data-path={gen_tokens}"]  # the default entry point's own options
+    base = [f"--data-path={gen_tokens}", f"--out-dir={tmp_path / 'out'}", "--device=cpu", "--check-config"]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
     for pick in picks:
         proc = subprocess.run(
