@@ -113,6 +113,11 @@ class LocalPod:
             raise RuntimeError(f"pod {self.name} is not started")
         rc = self._proc.poll()
         if rc is not None:
+            # A container's processes die with its main process (the PID namespace goes with PID 1): a
+            # helper that left the pod's process group (NVRx's rank monitors) must not outlive it here
+            # either, or it reports its rank's end to the job's store as no lost node ever could.
+            for pid in self.processes():
+                _signal_quietly(pid, signal.SIGKILL)
             self._close_log()
         return rc
 

@@ -65,6 +65,32 @@ def test_kill_takes_the_whole_tree_even_processes_in_other_sessions(tmp_path: Pa
         pod.kill()
 
 
+# A "launcher" that starts a helper in its own session (as NVRx's rank monitors are), writes both PIDs
+# and exits: the container's end must take the helper with it.
+ORPHANING = """
+import os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+"""
+
+
+def test_a_pods_processes_end_with_its_main_process_as_a_containers_do(tmp_path: Path) -> None:
+    pod = _pod(tmp_path, "orphaning", ORPHANING, str(tmp_path / "pids"))
+    pod.start()
+    try:
+        _, child = (int(p) for p in _wait_for(tmp_path / "pids").split())
+        deadline = time.monotonic() + 20
+        while pod.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pod.poll() == 0
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "a helper outlived its pod's main process"
+    finally:
+        pod.kill()
+
+
 def test_terminate_sends_sigterm_to_the_main_process(tmp_path: Path) -> None:
     code = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
     code += "open(sys.argv[1], 'w').write('up')\ntime.sleep(600)\n"
