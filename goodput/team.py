@@ -1,7 +1,8 @@
 """A team's own figures for the planner (``--teams FILE --team NAME``): its nodes, step time, checkpoint
 interval, the stall of its saves and the reload time of its whole job, all from the ``sizing`` package's
-reading of the teams file (the same model infra checks at synthesis). The YAML is read here with
-PyYAML's safe_load (imported only when ``--teams`` is given); the planner never imports infra.
+reading of the teams file (the same model infra checks at synthesis). The YAML is read as infra reads it
+(``sizing.yaml_readings``: a scalar YAML 1.1 and 1.2 read differently is refused, naming its line), with
+PyYAML imported only when ``--teams`` is given; the planner never imports infra.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ def read_team(path: Path, name: str | None) -> tuple[str, SizingResult]:
     """The team's name and sizing from a teams file; PlanError (one line) when it cannot be read."""
     import yaml
 
+    from sizing.yaml_readings import load_unambiguous
+
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = load_unambiguous(Path(path).read_text(encoding="utf-8"))
         team = find_team(data, name)
         return str(team.get("name")), size(team_inputs(team))
     except OSError as err:

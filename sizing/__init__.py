@@ -7,8 +7,10 @@ count), the FSx for Lustre PERSISTENT_2 figures with their sources (``fsx``), th
 (``model``: write time per durable checkpoint, reload time of the whole job, shortest interval the file
 system sustains, capacity for the kept checkpoints, the NVMe tier) and the team file's sizing fields with
 their defaults (``teamfile``, from already-parsed YAML). docs/infra.md has the table and its sources.
-May import: the standard library only. Never ``infra``, ``trainer``, ``tools``, ``bench`` or ``goodput``:
-infra, goodput and tools import this package, each through its own contract; the trainer does not need it.
+May import: the standard library only (``yaml_readings``, the one reading of the teams file's
+scalars, also PyYAML, which each of its readers has). Never ``infra``, ``trainer``, ``tools``, ``bench``
+or ``goodput``: infra, goodput and tools import this package, each through its own contract; the trainer
+does not need it.
 """
 
 from sizing.fsx import (

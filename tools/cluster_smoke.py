@@ -53,6 +53,7 @@ import yaml
 
 from sizing import size
 from sizing.teamfile import TeamSizingError, find_team, team_inputs
+from sizing.yaml_readings import load_unambiguous
 from tools.kube_watch import Kube, release_selector
 from tools.smoke_plan import (
     CONTRACT_1_KEYS,
@@ -149,7 +150,7 @@ def team_expectation(args: argparse.Namespace, nodes: int | None = None) -> Stor
             fraction=args.storage_fraction,
         )
     try:
-        data = yaml.safe_load(Path(args.teams).read_text(encoding="utf-8"))
+        data = load_unambiguous(Path(args.teams).read_text(encoding="utf-8"))
         sizing = size(team_inputs(find_team(data, args.team or args.namespace)))
     except (OSError, yaml.YAMLError, TeamSizingError, ValueError) as exc:
         raise SmokeError(f"--teams {args.teams}: {exc}".replace("\n", " ")) from None

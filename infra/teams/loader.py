@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from infra.inputs import InputError, check_yaml_events, read_teams_bytes
 from infra.teams.errors import TeamsConfigError, describe, format_loc, located
 from infra.teams.team import TeamConfig, TeamsFile
-from infra.yaml_readings import first_ambiguous_scalar
+from sizing.yaml_readings import first_ambiguous_scalar
 
 # libyaml's parser when PyYAML was built with it (several times faster), else the pure-Python one.
 _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -87,3 +87,16 @@ def test_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     (tmp_path / "bad.yaml").write_text("teams: [\n")
     assert main(["--teams", str(tmp_path / "bad.yaml")]) == 2
     assert capsys.readouterr().err.startswith(f"error: --teams {tmp_path / 'bad.yaml'}: invalid YAML")
+
+
+def test_a_scalar_yaml_11_and_12_read_differently_is_refused_as_infra_refuses_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `010` is 8 to PyYAML (YAML 1.1) and 10 to YAML 1.2: the planner must not plan 8 nodes for a team
+    # whose teams check refuses the file.
+    text = TEAMS.read_text().replace("desired_nodes: 2", "desired_nodes: 010", 1)
+    assert "desired_nodes: 010" in text
+    (tmp_path / "octal.yaml").write_text(text)
+    assert main(["--teams", str(tmp_path / "octal.yaml"), "--team", "ml-research"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "desired_nodes" in err and "(line " in err, err

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from infra.config import TeamsConfigError, parse_teams
 from infra.teams.__main__ import main as validate
-from infra.yaml_readings import core_reading, reading_problem, yaml11_reading
+from sizing.yaml_readings import core_reading, reading_problem, yaml11_reading
 from tests.helpers import REPO_ROOT
 
 BASE_TEXT = (REPO_ROOT / "teams.yaml").read_text(encoding="utf-8")

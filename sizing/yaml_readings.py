@@ -1,5 +1,7 @@
 """One reading of every plain YAML scalar: the teams file refuses any scalar YAML 1.1 and YAML 1.2 read
-differently, naming the field, its line and column.
+differently, naming the field, its line and column. Here, beside the sizing's reading of the teams file,
+so that every reader of that file (infra's teams check, the goodput planner, the cluster smoke run) refuses
+the same scalars; the one module of this package that needs PyYAML, which each of those readers has.
 
 PyYAML reads YAML 1.1 (a `%YAML 1.2` directive changes nothing): `010` is 8, `1:30` is 90, `1_000` is
 1000, `yes`/`on` are true, `2001-12-14` a date, while `1e3` and `0o17` stay strings. Helm, Go, kubectl
@@ -113,6 +115,17 @@ def _format_path(path: list[str | int]) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "teams file"
+
+
+def load_unambiguous(text: str) -> Any:
+    """`text` read with PyYAML's safe loader, after refusing (ValueError: `field: why (line L, column C)`)
+    any plain scalar YAML 1.1 and 1.2 read differently: what infra's teams check refuses, for the readers
+    of the teams file that do not import infra."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    if ambiguous := first_ambiguous_scalar(text, loader):
+        field, line, column, problem = ambiguous
+        raise ValueError(f"{field}: {problem} (line {line}, column {column})")
+    return yaml.load(text, Loader=loader)
 
 
 def first_ambiguous_scalar(text: str, loader: Any) -> tuple[str, int, int, str] | None:
