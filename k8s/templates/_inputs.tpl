@@ -39,7 +39,10 @@ The names the chart reserves, as JSON {"env": {NAME: why}, "labels": [...], "pod
 {{- /* The trainer flags the chart renders, by name without -- and no- (--no-inprocess is inprocess);
      --fault whether or not faults are set: the chart owns them. */}}
 {{- $flags := dict "fault" "faults" }}
-{{- range (include "trainer.trainerArgs" $ctx | fromYamlArray) }}
+{{- /* The reference model's options too: after `--` they are its own, and before it (where
+     extraTrainerArgs land) the trainer would refuse them at start instead of here. */}}
+{{- $rendered := concat (include "trainer.trainerArgs" $ctx | fromYamlArray) (include "trainer.referenceArgs" $ctx | fromYamlArray) }}
+{{- range $rendered }}
 {{- if hasPrefix "--" . }}
 {{- $flag := regexReplaceAll "=.*$" (trimPrefix "--" .) "" | trimPrefix "no-" }}
 {{- $_ := set $flags $flag (include "trainer.valueOfFlag" $flag) }}

@@ -76,8 +76,11 @@ def test_free_form_strings_reach_the_manifest_exactly() -> None:
     assert env["WEIRD"] == EXACT
     assert env["NUMBERLIKE"] == "0x1F"
     assert env["BOOLLIKE"] == "yes"
-    # extraTrainerArgs end the trainer's options; the entry point's arguments follow `--`.
-    assert container["args"][-5:] == [EXACT, "--", EXACT, "yes", "0e0"]
+    # extraTrainerArgs end the trainer's options; the entry point's arguments follow `--` (the reference
+    # model's own options first, the default entry point being the reference), entrypointArgs last.
+    args = container["args"]
+    cut = args.index("--")
+    assert args[cut - 1] == EXACT and args[-3:] == [EXACT, "yes", "0e0"]
     job = next(m for m in manifests if m["kind"] == "Job")
     assert job["spec"]["template"]["metadata"]["annotations"]["example.com/note"] == EXACT
 
