@@ -3,6 +3,7 @@ and a pod of a lost node is replaced under a podFailurePolicy without counting a
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -57,10 +58,17 @@ def pods_of(cluster: Cluster, job_name: str) -> list[Any]:
     return cluster.core.list_namespaced_pod(cluster.namespace, label_selector=f"job-name={job_name}").items
 
 
-def test_indexed_job_completes_through_the_job_controller(cluster: Cluster) -> None:
-    cluster.batch.create_namespaced_job(
-        cluster.namespace, job("indexed", 'echo "index $JOB_COMPLETION_INDEX"', completions=2)
+def test_indexed_job_completes_through_the_job_controller(cluster: Cluster, tmp_path: Path) -> None:
+    # Each pod waits (up to 30 s) until both have started: two 8-GPU pods running at once must be on two
+    # nodes. (The process kubelet's pods share this machine's files, so a folder is their meeting point;
+    # without the wait a quick first pod could end before the second was scheduled, on the same node.)
+    met = tmp_path / "started"
+    met.mkdir()
+    script = (
+        f"touch {met}/$JOB_COMPLETION_INDEX; for _ in $(seq 300); do "
+        f'[ "$(ls {met} | wc -l)" -ge 2 ] && break; sleep 0.1; done; echo "index $JOB_COMPLETION_INDEX"'
     )
+    cluster.batch.create_namespaced_job(cluster.namespace, job("indexed", script, completions=2))
     assert wait_for("the Job's end", lambda: job_condition(cluster, "indexed"), 90) == "Complete"
     pods = pods_of(cluster, "indexed")
     by_index = {p.metadata.annotations["batch.kubernetes.io/job-completion-index"]: p for p in pods}
