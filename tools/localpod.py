@@ -78,6 +78,8 @@ class LocalPod:
     """The working directory (None: this process's)."""
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
+    _reaped: bool = field(default=False, init=False, repr=False)
+    """The leftovers of an ended main process were killed (once: each scan reads every process in /proc)."""
 
     def start(self) -> None:
         """Start the pod's command in a new session (its own process group, no controlling terminal)."""
@@ -112,12 +114,13 @@ class LocalPod:
         if self._proc is None:
             raise RuntimeError(f"pod {self.name} is not started")
         rc = self._proc.poll()
-        if rc is not None:
+        if rc is not None and not self._reaped:
             # A container's processes die with its main process (the PID namespace goes with PID 1): a
             # helper that left the pod's process group (NVRx's rank monitors) must not outlive it here
             # either, or it reports its rank's end to the job's store as no lost node ever could.
             for pid in self.processes():
                 _signal_quietly(pid, signal.SIGKILL)
+            self._reaped = True
             self._close_log()
         return rc
 

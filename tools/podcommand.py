@@ -23,7 +23,7 @@ import json
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,10 +152,16 @@ def with_options(argv: list[str], options: list[str] | tuple[str, ...]) -> list[
     what the chart rendered. The trainer refuses a flag given twice, so each option replaces the same
     flag (or its --no- twin) the chart rendered for the trainer; `--fault` adds up, keeping the chart's."""
     head, entry = split_entry_args(argv)
-    given = {flag_name(o) for o in options if o.startswith("--") and flag_name(o) != "fault"}
     start = next((i + 2 for i in range(len(head) - 1) if head[i : i + 2] == ["-m", "trainer"]), 0)
-    kept = [a for a in head[start:] if not (a.startswith("--") and flag_name(a) in given)]
-    return [*head[:start], *kept, *options, *(["--", *entry] if len(head) < len(argv) else [])]
+    tail = ["--", *entry] if len(head) < len(argv) else []
+    return [*head[:start], *replacing(head[start:], options), *tail]
+
+
+def replacing(args: Sequence[str], options: Sequence[str]) -> list[str]:
+    """`args` then `options`, each option replacing the same flag (or its --no- twin) in `args`: the
+    trainer's parser, and the reference model's, refuse a flag given twice. `--fault` adds up."""
+    given = {flag_name(o) for o in options if o.startswith("--") and flag_name(o) != "fault"}
+    return [*(a for a in args if not (a.startswith("--") and flag_name(a) in given)), *options]
 
 
 def launcher_argv(argv: list[str]) -> list[str]:

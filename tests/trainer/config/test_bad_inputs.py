@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port
-from tools.podcommand import flag_name
+from tools.podcommand import replacing
 
 # The environment a pod or launcher would set; cleared so the developer's shell cannot leak into a case.
 LAUNCH_ENV = (
@@ -69,12 +69,7 @@ def base_args(data: Path, out: Path, *extra: str) -> list[str]:
     library = [e for e in extra if e not in ours]
     library_base = [f"--out-dir={out}", "--steps=10", "--device=cpu"]
     reference_base = ["--preset=tiny", f"--data-path={data}", f"--seq-len={SEQ_LEN}", "--micro-batch-size=2"]
-    return [*_replaced(library_base, library), "--", *_replaced(reference_base, ours)]
-
-
-def _replaced(base: list[str], extra: list[str]) -> list[str]:
-    given = {flag_name(e) for e in extra if e.startswith("--")}
-    return [b for b in base if flag_name(b) not in given] + extra
+    return [*replacing(library_base, library), "--", *replacing(reference_base, ours)]
 
 
 def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
