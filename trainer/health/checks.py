@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -111,14 +112,23 @@ def nvme_free(path: Path | None, min_free_gib: float) -> CheckResult:
 
 
 def _run(argv: list[str], timeout_s: float) -> tuple[int, str]:
-    """(exit status, output); -1 with a reason when it did not finish in time or could not start."""
+    """(exit status, output); -1 with a reason when it did not finish in time or could not start. The
+    tool runs in a session of its own, killed whole at the deadline: a child it left holding the output
+    pipe would otherwise keep the check waiting past it."""
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return -1, f"{argv[0]} did not finish within {timeout_s:g} s"
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
     except OSError as exc:
         return -1, f"{argv[0]}: {exc.strerror or exc}"
-    return done.returncode, done.stdout if done.returncode == 0 else (done.stderr or done.stdout)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return -1, f"{argv[0]} did not finish within {timeout_s:g} s"
+    return proc.returncode, out if proc.returncode == 0 else (err or out)
 
 
 def _last_line(text: str) -> str:
