@@ -82,6 +82,9 @@ def _probe_file(directory: Path, outcome: list[str]) -> None:
     payload = os.urandom(4096)
     probe = directory / f".node-health.{socket.gethostname()}.{os.getpid()}.{payload[:6].hex()}"
     try:
+        # The job's output directory may not exist yet when the first rendezvous asks (no prepare-dirs
+        # init container when the pod runs as root): made here, on the file system under test.
+        directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, payload)

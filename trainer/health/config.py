@@ -24,7 +24,8 @@ class HealthConfig:
         "--storage-path", "shared file system to write, read back and remove a probe file in", default=None,
         kind=Path,
     )  # fmt: skip
-    """The FSx mount (a directory). None: the storage check is skipped."""
+    """A directory on the FSx mount (the chart gives the run's output directory), made if missing. None:
+    the storage check is skipped."""
     storage_deadline_s: float = setting(
         "--storage-deadline", "seconds the storage probe may take", default=10.0, above=0, unit=" seconds"
     )

@@ -28,11 +28,12 @@ def test_storage_probe_writes_reads_back_and_leaves_nothing(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
-def test_storage_probe_fails_on_a_path_it_cannot_write(tmp_path: Path) -> None:
-    missing = checks.StorageProbe(tmp_path / "gone", 5.0)()
-    assert missing.status == "fail" and "FileNotFoundError" in missing.detail
+def test_storage_probe_makes_its_directory_and_fails_where_it_cannot_write(tmp_path: Path) -> None:
+    assert checks.StorageProbe(tmp_path / "out" / "run", 5.0)().status == "pass"
+    assert (tmp_path / "out" / "run").is_dir()
     (tmp_path / "file").write_text("not a directory")
-    assert checks.StorageProbe(tmp_path / "file", 5.0)().status == "fail"
+    blocked = checks.StorageProbe(tmp_path / "file" / "run", 5.0)()
+    assert blocked.status == "fail" and "NotADirectoryError" in blocked.detail
 
 
 def test_storage_probe_skipped_without_a_path() -> None:

@@ -33,6 +33,7 @@ def short_dir() -> Iterator[Path]:
 
 
 def served(folder: Path, storage: Path) -> tuple[grpc.Server, Path]:
+    """The daemon on folder/run/health.sock; a storage path under a regular file cannot be written."""
     cfg = HealthConfig(socket=folder / "run" / "health.sock", storage_path=storage, nvme_path=folder)
     return serve(cfg), cfg.socket
 
@@ -47,7 +48,8 @@ def test_nvrx_client_lets_a_healthy_node_join(short_dir: Path) -> None:
 
 
 def test_nvrx_client_refuses_a_node_whose_storage_fails(short_dir: Path) -> None:
-    server, sock = served(short_dir, short_dir / "fsx-gone")
+    (short_dir / "a-file").write_text("")
+    server, sock = served(short_dir, short_dir / "a-file" / "out")
     try:
         assert NodeHealthCheck(endpoint=f"unix://{sock}")() is False
     finally:
@@ -55,7 +57,8 @@ def test_nvrx_client_refuses_a_node_whose_storage_fails(short_dir: Path) -> None
 
 
 def test_the_reply_names_the_failed_check_and_records_the_request(short_dir: Path) -> None:
-    server, sock = served(short_dir, short_dir / "fsx-gone")
+    (short_dir / "a-file").write_text("")
+    server, sock = served(short_dir, short_dir / "a-file" / "out")
     try:
         with grpc.insecure_channel(f"unix://{sock}") as channel:
             stub = nvhcd_pb2_grpc.HealthCheckServiceStub(channel)
