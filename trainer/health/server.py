@@ -76,8 +76,10 @@ class HealthService:
 
 
 def prepare_socket(path: Path) -> None:
-    """A private directory for the socket, and no stale socket of an earlier run in the way."""
+    """A private directory for the socket (0700: an emptyDir mount point comes world-writable), and no
+    stale socket of an earlier run in the way."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
