@@ -113,7 +113,7 @@ its reason where it sees no device.
       value: /tmp
     - name: PYTHONUNBUFFERED
       value: "1"
-    {{- if gt (int $v.gpusPerNode) 0 }}
+    {{- if ne $v.device "cpu" }}
     - name: NVIDIA_VISIBLE_DEVICES
       value: all
     - name: NVIDIA_DRIVER_CAPABILITIES
