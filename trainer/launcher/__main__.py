@@ -13,7 +13,8 @@ temporary dir (the pod's /tmp scratch volume), named to COMMAND and its workers 
 A zygote that dies while ft_launcher runs (SIGKILL from outside, the OOM killer) costs the job nothing
 now: the workers it forked train on (their stand-ins take the exit status from the worker itself,
 prefork/client.py), and the supervisor starts a fresh zygote on the same socket at once (`Zygote`, at
-most `ZYGOTE_RESTARTS` times per pod). A worker started while the new one still imports starts cold.
+most `ZYGOTE_RESTARTS` times per pod). A worker started while the new one still imports waits for it
+(its PID file, prefork.PID_FILE_SUFFIX), as a worker of the pod's first round waits for the first.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
-from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
+from trainer.launcher.podfiles import write_atomically
+from trainer.launcher.prefork import PID_ENV, PID_FILE_SUFFIX, SOCKET_ENV
 
 ZYGOTE_RESTARTS = 3
 """How often one pod's zygote, dead while ft_launcher runs, is started again (then workers start cold)."""
@@ -44,7 +46,9 @@ class Zygote:
         if os.path.exists(self.path):  # a dead zygote's socket: the new one binds the same path
             os.unlink(self.path)
         argv = [sys.executable, "-m", "trainer.launcher.prefork.server", self.path, str(os.getpid())]
-        return subprocess.Popen([*argv, *self.entry], stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([*argv, *self.entry], stdin=subprocess.DEVNULL)
+        write_atomically(self.path + PID_FILE_SUFFIX, str(proc.pid))
+        return proc
 
     def pids(self) -> frozenset[int]:
         """The live zygote's PID, for the supervisor to keep; called at each of its polls, it replaces a

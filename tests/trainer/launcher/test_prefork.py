@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
-from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
+from trainer.launcher.prefork import PID_ENV, PID_FILE_SUFFIX, SOCKET_ENV
 
 READY_S = 180.0
 
@@ -264,3 +264,25 @@ def test_the_node_loss_fault_kills_the_launcher_not_the_zygote(zygote: dict[str,
     )
     assert agent.wait(timeout=60) == -signal.SIGKILL, "the agent's process group is what a lost node loses"
     assert _alive(int(zygote[PID_ENV])), "the zygote (another pod's, in a real job) must survive"
+
+
+def test_a_worker_waits_for_the_replacement_zygote_its_pid_file_names(tmp_path: Path, workdir: Path) -> None:
+    # The first zygote (PID_ENV) is dead; the launcher started another, still importing (a sleeper here):
+    # the worker waits for it instead of importing cold beside it, and starts cold once it dies too.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    importing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sock = tmp_path / "z.sock"
+        Path(f"{sock}{PID_FILE_SUFFIX}").write_text(str(importing.pid))
+        env = {**os.environ, SOCKET_ENV: str(sock), PID_ENV: dead.stdout.strip(), "PYTHONPATH": str(REPO)}
+        client = _start(env, workdir, "report")
+        time.sleep(1.0)
+        assert client.poll() is None, "the worker did not wait for the zygote being started"
+        importing.kill()
+        _, err = client.communicate(timeout=60)
+        assert "starting cold" in err
+    finally:
+        importing.kill()
+        importing.wait()

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from trainer.launcher.prefork import PID_ENV, SOCKET_ENV, wire
+from trainer.launcher.prefork import PID_ENV, PID_FILE_SUFFIX, SOCKET_ENV, wire
 
 READY_WAIT_S = 180.0
 """How long a worker waits for a zygote that is still importing (it is alive, its socket not bound yet).
@@ -118,10 +118,21 @@ def _connect(path: str, zygote_pid: str) -> socket.socket | None:
             return sock
         except OSError:
             sock.close()
-        if not _alive(int(zygote_pid)) or time.monotonic() > deadline:
+        current = _current_zygote(path, zygote_pid)
+        if current is None or not _alive(current) or time.monotonic() > deadline:
             print(f"prefork: no zygote at {path}; starting cold", file=sys.stderr, flush=True)
             return None
         time.sleep(0.02)
+
+
+def _current_zygote(path: str, first: str) -> int | None:
+    """The PID of the pod's current zygote: its PID file (a replaced zygote's), else the first one's."""
+    try:
+        with open(path + PID_FILE_SUFFIX) as fh:
+            text = fh.read().strip()
+    except OSError:
+        text = first
+    return int(text) if text.isdigit() else None
 
 
 def _alive(pid: int) -> bool:
