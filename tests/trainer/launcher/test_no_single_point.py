@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bench import recovery_pods
-from tests.trainer.launcher.conftest import PODS_CFG, pods_data
+from tests.trainer.launcher.pods import PODS_CFG, pods_data
 
 pytestmark = pytest.mark.slow
 
