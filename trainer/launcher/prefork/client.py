@@ -29,8 +29,8 @@ def run_forked(module: str, argv: Sequence[str]) -> int | None:
     sock = _connect(os.environ.get(SOCKET_ENV, ""), os.environ.get(PID_ENV, ""))
     if sock is None:
         return None
-    # The write end never leaves this process and is never closed by it: it closes when this process
-    # ends, however it ends, and then the worker's lifeline thread kills the worker.
+    # The write end never leaves this process and, once the worker runs, is never closed by it: it closes
+    # when this process ends, however it ends, and then the worker's lifeline thread kills the worker.
     lifeline_r, lifeline_w = os.pipe()
     # The worker writes its exit status here as it exits: what tells this process how the worker ended
     # when the zygote (which reports it otherwise) died first.
