@@ -37,7 +37,7 @@ def run(
     # Six restarts' worth of new processes on 2 shared cores: more time than a single fault's run needs.
     cfg = dataclasses.replace(PODS_CFG, run_timeout_s=600.0)
     rec = recovery_pods.run_once(recovery_pods.SCENARIOS[SCENARIO], cfg, work, pods_data(tmp_path_factory))
-    (work / "record.json").write_text(json.dumps(rec, indent=1, default=str))  # to read a failure by
+    (work / "record.json").write_text(json.dumps(rec, indent=1, default=str))  # for reading a failed run
     clean, clean_dir = pods_clean_run
     events = read_events(work / "out")[0]
     logs = {p.stem: p.read_text(errors="replace") for p in sorted((work / "logs").glob("pod-*.log"))}
