@@ -25,6 +25,10 @@ compound/spare-during-join/2-spares
                                 launcher stop beating (trainer/resilience/liveness.py), and the
                                 second spare takes over without waiting for a replacement pod
 compound/monitors-then-rank     ft_launcher's rank monitors killed, then a rank SIGKILLed
+kills/each-process              a rank SIGKILLed (the single fault whose MTTR sets the bound), then
+                                one of each of a pod's processes SIGKILLed from outside, a few steps
+                                apart (tools/podkill.py): the zygote, the metrics exporter, a worker,
+                                ft_launcher, the rendezvous service, the pod's main process
 ==============================  ================================================================
 
 Per run: the MTTR of every fault (trainer.events.metrics.summarize: fault -> first step after it), for a
@@ -49,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.recovery_measure import spread
+from tools import podkill
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
 from tools.recovery_phases import launcher_events, phases
@@ -77,6 +82,9 @@ class PodsScenario:
     """Steps of the run; 0: PodsConfig.steps."""
     replace_delay_s: float | None = None
     """Seconds before a dead pod's replacement starts; None: PodsConfig.replace_delay_s."""
+    kills: tuple[str, ...] = ()
+    """Processes SIGKILLed from outside at a step (tools/podkill.py specs); with an `exporter` kill every
+    pod serves metrics, each on a port of its own."""
 
 
 SCENARIOS: dict[str, PodsScenario] = {
@@ -171,6 +179,30 @@ SCENARIOS: dict[str, PodsScenario] = {
             "kill-monitors",
             inprocess=False,
         ),
+        PodsScenario(
+            "kills/each-process",
+            2,
+            1,
+            1,
+            ("sigkill:step=4:rank=1",),
+            snapshots=True,
+            # The values of compound/host-rendezvous-launcher (a fault-free run of them serves both).
+            # Five steps between kills: each one's recovery is over before the next (the window of
+            # tools/podkill.extra_wall_s); the pod's main process last, as its pod is then lost.
+            steps=40,
+            replace_delay_s=2.0,
+            kills=tuple(
+                f"{p}:step={s}"
+                for p, s in (
+                    ("zygote", 9),
+                    ("exporter", 14),
+                    ("worker", 19),
+                    ("launcher", 24),
+                    ("rendezvous", 29),
+                    ("main", 34),
+                )
+            ),
+        ),
     )
 }
 
@@ -253,10 +285,12 @@ def pod_specs(
     *,
     extra_values: dict[str, Any] | None = None,
     tree: Path = REPO,
+    metrics_ports: Sequence[int] = (),
 ) -> list[PodSpec]:
     """One PodSpec per Job index (nodes + spares), each with its own node-local directories (NVMe tier,
     /dev/shm), empty in a replacement pod (tools/localpods.py node_places). `extra_values` go over the
-    scenario's chart values; `tree`: the checkout whose trainer the pods import."""
+    scenario's chart values; `tree`: the checkout whose trainer the pods import; `metrics_ports`: one
+    metricsPort per index (the local pods share one host), else none serves metrics."""
     from tools.localpods import node_places, node_pod_spec
     from tools.podcommand import LocalPlaces, pod_argv
 
@@ -273,7 +307,8 @@ def pod_specs(
     for index in range(sc.nodes + sc.spares):
         places = node_places(LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt"), index)
         pod_env = {**env, "GROUP_RANK": str(index), "JOB_COMPLETION_INDEX": str(index)}
-        argv = pod_argv({**pod_values(sc, cfg), **(extra_values or {})}, places)
+        metrics = {"metricsPort": metrics_ports[index]} if metrics_ports else {}
+        argv = pod_argv({**pod_values(sc, cfg), **(extra_values or {}), **metrics}, places)
         log = run_dir / "logs" / f"pod-{index}.log"
         specs.append(node_pod_spec(f"pod-{index}", argv, pod_env, log, places))
     return specs
@@ -319,6 +354,8 @@ class Driver:
     def __init__(self, sc: PodsScenario, job: LocalJob, log_dir: Path) -> None:
         self.sc, self.job, self.log_dir = sc, job, log_dir
         self.done: dict[str, Any] | None = None
+        pods = sc.nodes + sc.spares
+        self.kills = podkill.Schedule(podkill.parse_all(sc.kills, pods), job, pods)
         self._old_workers: set[int] = set()
         self._did: dict[str, Any] = {}
         self._log_marks: dict[int, int] = {}
@@ -366,6 +403,7 @@ class Driver:
         return any(e.reason == "succeeded" for e in self.job.exits)
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
+        self.kills(events)
         if self.done is not None or not self.sc.action:
             return
         injected = [e for e in events if e["ev"] == "fault_injected"]
@@ -431,7 +469,10 @@ def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> di
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     port = free_port()
-    specs = pod_specs(sc, cfg, run_dir, data, port)
+    pods = sc.nodes + sc.spares
+    exporter = any(podkill.parse(k).process == "exporter" for k in sc.kills)
+    metrics_ports = [free_port() for _ in range(pods)] if exporter else []
+    specs = pod_specs(sc, cfg, run_dir, data, port, metrics_ports=metrics_ports)
     (run_dir / "command.json").write_text(json.dumps(list(specs[0].argv), indent=1))
     out = run_dir / "out"
     load = os.getloadavg()[0]  # a shared machine: the figures scale with what else runs
@@ -452,13 +493,18 @@ def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> di
             time.sleep(0.1)
         if result is None:
             result = job.wait(timeout_s=0.1)  # stops every pod and reports the timeout
-    rec = measure(sc, run_dir, result, driver.done, time.monotonic() - t0)
+    rec = measure(sc, run_dir, result, driver.done, time.monotonic() - t0, driver.kills.records())
     rec["load_avg_1min"] = load
     return rec
 
 
 def measure(
-    sc: PodsScenario, run_dir: Path, result: JobResult, action: dict[str, Any] | None, wall_s: float
+    sc: PodsScenario,
+    run_dir: Path,
+    result: JobResult,
+    action: dict[str, Any] | None,
+    wall_s: float,
+    kills: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     from trainer.events.metrics import summarize
 
@@ -489,9 +535,11 @@ def measure(
         "pod_exits": [asdict(e) for e in result.exits],
         "linger_s": (max(e.t for e in result.exits) - min(finished)) if finished else None,
         "action": action,
+        "kills": list(kills),
     }
     # Pods that ended before the job did and were not lost on purpose: a whole-job (pod) restart.
     lost_on_purpose = nodes_lost + (1 if sc.action == "kill-joining-spare" else 0)
+    lost_on_purpose += sum(1 for k in kills if k["process"] == "main" and k["pids"])
     early = [e for e in result.exits if e.reason != "succeeded"]
     rec["unplanned_pod_restarts"] = max(0, len(early) - lost_on_purpose)
     if rec["single_mttr_s"] and rec["mttr_s"]:
@@ -508,6 +556,8 @@ def measure(
         and len(faults) == len(sc.faults)
         and all(f.get("recovered") for f in faults)
         and (not sc.action or action is not None)
+        and len(kills) == len(sc.kills)
+        and all(k["pids"] for k in kills)
         and rec["unplanned_pod_restarts"] == 0
     )
     return rec

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from goodput import predict_from_summary
+from tools import podkill
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import active_at, role_changes, takeover_after
@@ -221,7 +222,9 @@ class Progress:
         self.seen = len(events)
 
 
-def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
+def run_pods(pod: PodTemplate, out: Path, timeout_s: float, kills: tuple[podkill.Kill, ...] = ()) -> bool:
+    """Run the pods to the end; `kills`: processes SIGKILLed from outside at a step (tools/podkill.py),
+    recorded in out/kills.json."""
     rdzv_port = free_port()
     run_init_containers(pod, out, rdzv_port)
     nnodes = int(pod.trainer.env["NNODES"])
@@ -264,13 +267,18 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
         on_event=on_event,
     ) as job:
         job.start()
+        schedule = podkill.Schedule(kills, job, npods, log=lambda m: say(f"  {m}"))
         deadline = time.monotonic() + timeout_s
         result = None
         while result is None and time.monotonic() < deadline:
             result = job.poll()
             progress.update()
-            time.sleep(0.5)
+            if kills:
+                schedule(read_events(run_dir)[0])
+            time.sleep(0.1 if schedule.pending else 0.5)
         progress.update()
+        if kills:
+            (out / "kills.json").write_text(json.dumps(schedule.records(), indent=1) + "\n")
         if result is None:
             say(f"timed out after {timeout_s:.0f} s")
             return False
@@ -481,7 +489,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "out/demo", help="output directory")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is abandoned")
+    parser.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="PROCESS:step=N[:pod=I]",
+        help="SIGKILL one of a pod's processes from outside at a step (tools/podkill.py; repeatable): "
+        f"{', '.join(podkill.PROCESSES)} (exporter: only with a metricsPort)",
+    )
     args = parser.parse_args(argv)
+    try:
+        kills = tuple(podkill.parse(spec) for spec in args.kill)  # pod indexes: once rendered, below
+    except ValueError as exc:
+        parser.error(str(exc))
 
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: old checkpoints would make it resume, not train
@@ -492,7 +512,12 @@ def main(argv: list[str] | None = None) -> int:
     say("2/4 render the trainer chart with the synthesized values + " + str(args.values))
     pod = render(release, args.values.resolve(), out)
     say("3/4 run the pod command locally (CPU, gloo)")
-    job_ok = run_pods(pod, out, args.timeout)
+    npods = int(pod.trainer.env.get("MAX_NNODES", pod.trainer.env["NNODES"]))
+    try:
+        podkill.parse_all(args.kill, pods=npods)
+    except ValueError as exc:
+        parser.error(str(exc))
+    job_ok = run_pods(pod, out, args.timeout, kills)
     say("4/4 report")
     result = report(out / "fsx" / "runs", out, job_ok, int(pod.trainer.env["NPROC_PER_NODE"]))
     faults_ok = bool(result["faults"]) and all(f["recovered"] for f in result["faults"])

@@ -75,6 +75,8 @@ POLL_S = 0.25
 LAUNCHER_RESTARTS = 3
 """How often one pod's ft_launcher, killed from outside, is started again before the pod gives up."""
 _PR_SET_CHILD_SUBREAPER = 36
+Kept = frozenset[int] | Callable[[], frozenset[int]]
+"""The supervisor's other children: fixed PIDs, or a function that returns them (and may replace one)."""
 
 
 def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
@@ -191,9 +193,10 @@ class Supervisor:
             assert self.endpoint is not None
             return self.other_epoch(self.endpoint, epoch, self.rejoin_wait_s)
 
-    def run(self, keep: frozenset[int] = frozenset()) -> int:
+    def run(self, keep: Kept = frozenset()) -> int:
         """Supervise until ft_launcher ends for good; `keep`: children that are not ft_launcher's
-        leftovers (the zygote)."""
+        leftovers (the zygote), or a function called at each poll that returns them."""
+        kept = keep if callable(keep) else lambda: keep
         env = {
             **os.environ,
             SUPERVISOR_PID_ENV: str(os.getpid()),
@@ -211,13 +214,13 @@ class Supervisor:
                 self._child = subprocess.Popen(self.command, env=env)
             child = self._child
             while (rc := child.poll()) is None:
-                reap_orphans(keep | {child.pid})
+                reap_orphans(kept() | {child.pid})
                 time.sleep(POLL_S)
             if rc == 0 or self.stopping:
                 return _exit_status(rc)
             if rc < 0 and killed_restarts < LAUNCHER_RESTARTS:
                 killed_restarts += 1
-                left = end_orphans(keep | {child.pid})
+                left = end_orphans(kept() | {child.pid})
                 self.restarts += 1
                 self.log(
                     f"ft_launcher was killed by signal {-rc} from outside; ended its {left} leftover "
@@ -306,7 +309,7 @@ def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, keep: Sequence[int] = ()) -> int:
+def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, keep: Kept = frozenset()) -> int:
     """Run ft_launcher's `command` under a Supervisor with the pod's signals forwarded; `keep`: this
     process's other children (the zygote), never taken for ft_launcher's leftovers."""
     supervisor = Supervisor(command, endpoint, epoch_file)
@@ -316,7 +319,7 @@ def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, kee
     become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.forward)
-    return supervisor.run(frozenset(keep))
+    return supervisor.run(keep)
 
 
 def main(argv: list[str]) -> int:

@@ -24,14 +24,9 @@ from typing import Any
 import pytest
 
 from bench import recovery_pods
-from bench.recovery_pods import PodsConfig, PodsScenario
+from tests.trainer.launcher.pods import PODS_CFG, pods_data
 
 pytestmark = pytest.mark.slow
-
-# rdzvLastCallTimeout 1 s, the chart's default: a survivor that stops its workers a moment after the
-# spare is ready still rejoins before the round closes (with 0, the demo's value, the spare can take its
-# place and the survivor's snapshots sit on a standby node: seen once, the ranks then restored nothing).
-CFG = PodsConfig(last_call_s=1)
 
 
 def _final_state(out: Path) -> str:
@@ -44,17 +39,13 @@ def _final_state(out: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, pods_clean_run: tuple[dict[str, Any], Path]
+) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("no-spof")
-    data = recovery_pods.make_data(work / "tokens.npy", CFG)
     faulted = recovery_pods.SCENARIOS["compound/host-rendezvous-launcher"]
-    clean = PodsScenario(
-        "clean", faulted.nodes, faulted.spares, faulted.nproc, (), snapshots=True, steps=faulted.steps
-    )
-    return {
-        "faulted": (recovery_pods.run_once(faulted, CFG, work / "faulted", data), work / "faulted"),
-        "clean": (recovery_pods.run_once(clean, CFG, work / "clean", data), work / "clean"),
-    }
+    rec = recovery_pods.run_once(faulted, PODS_CFG, work / "faulted", pods_data(tmp_path_factory))
+    return {"faulted": (rec, work / "faulted"), "clean": pods_clean_run}
 
 
 def _logs(run_dir: Path) -> str:
