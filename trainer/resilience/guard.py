@@ -114,25 +114,26 @@ class Windows:
     """This rank's recent kept losses and gradient norms: part of the library's checkpoint entry."""
 
     size: int
-    loss: deque[float] = field(default_factory=deque)
-    grad: deque[float] = field(default_factory=deque)
+    loss: deque[float] = field(init=False)
+    grad: deque[float] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loss, self.grad = deque(maxlen=self.size), deque(maxlen=self.size)
 
     def keep(self, loss: float | None, grad_norm: float | None) -> None:
-        """A step that passed: its values join the medians."""
+        """A step that passed: its values join the medians (the oldest leaves a full window)."""
         for values, value in ((self.loss, loss), (self.grad, grad_norm)):
             if value is not None:
                 values.append(float(value))
-                while len(values) > self.size:
-                    values.popleft()
 
     def state_dict(self) -> dict[str, Any]:
         return {"loss": list(self.loss), "grad": list(self.grad)}
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
         state = state or {}
-        self.loss = deque(float(v) for v in state.get("loss", []))
-        self.grad = deque(float(v) for v in state.get("grad", []))
-        self.keep(None, None)  # a smaller window than the checkpoint's keeps the newest values
+        # A smaller window than the checkpoint's keeps the newest values.
+        self.loss = deque((float(v) for v in state.get("loss", [])), maxlen=self.size)
+        self.grad = deque((float(v) for v in state.get("grad", [])), maxlen=self.size)
 
 
 @dataclass(frozen=True)
