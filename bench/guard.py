@@ -7,12 +7,13 @@ the loop's real step check (trainer/runtime/step_check.py `StepCheck`): with the
 pre-hook takes the local gradient norm, the rank judges its loss and norm against the windows and the
 step's all_reduce carries 4 float64 instead of 1 float32; off, the all_reduce carries the loss alone, as
 the loop does without a guard. Each repetition runs `steps` timed steps of each mode (after warm-up
-steps), in alternating order, on the same model; a step is the team's forward, backward and optimizer
-step plus the check's reduction. Reported: per repetition the median step of each mode and their
-difference as a share of the off step; over repetitions the median and range of each (`overhead`), and
-the guard's own work timed directly (`parts_s`: the optimizer's step, where its hook takes the norm, and
-the reduction, each on minus off), which is what the difference measures on a quiet machine and what
-stands out of the noise on a loaded one.
+steps) on the same model; a step is the team's forward, backward and optimizer step plus the check's
+reduction. The modes alternate step by step (each step builds its mode's check and removes its hook
+after), so both see the same load on a shared machine. Reported: per repetition the median step of each
+mode and their difference as a share of the off step; over repetitions the median and range of each
+(`overhead`), and the guard's own work timed directly (`parts_s`: the optimizer's step, where its hook
+takes the norm, and the reduction, on minus off, alternating call by call on the same gradients), which
+is what the difference measures on a quiet machine and what stands out of the noise on a loaded one.
 """
 
 from __future__ import annotations
@@ -55,10 +56,11 @@ def _setup(device_name: str) -> Any:
 
 
 def _timed_steps(
-    model: Any, optim: Any, check: Any, batch: Any, steps: int, device: Any
-) -> dict[str, list[float]]:
-    """Run `steps` steps through `check`: each step's time, its optimizer step's (where the guard's hook
-    runs) and the check's reduction's."""
+    model: Any, optim: Any, checks: dict[str, Any], batch: Any, steps: int, first: str, device: Any
+) -> dict[str, dict[str, list[float]]]:
+    """Run `steps` steps of each mode, alternating step by step (`first` leads), so both modes see the
+    same load: per mode each step's time, its optimizer step's (where the guard's hook runs) and its
+    reduction's. `checks[mode]()` makes that mode's step check (its hook on the optimizer until closed)."""
     import torch
     import torch.nn.functional as F
 
@@ -66,9 +68,12 @@ def _timed_steps(
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    out: dict[str, list[float]] = {"step_s": [], "optim_s": [], "reduce_s": []}
+    out = {mode: {"step_s": [], "optim_s": [], "reduce_s": []} for mode in checks}
+    order = [first, next(m for m in checks if m != first)]
     inputs, targets = batch
-    for step in range(steps):
+    for step in range(2 * steps):
+        mode = order[step % 2]
+        check = checks[mode]()
         t0 = time.perf_counter()
         check.begin(step)
         logits = model(inputs)
@@ -86,10 +91,41 @@ def _timed_steps(
         check.reduce(logged)
         sync()
         t4 = time.perf_counter()
-        out["step_s"].append(t4 - t0)
-        out["optim_s"].append(t2 - t1)
-        out["reduce_s"].append(t4 - t3)
+        check.close()
+        out[mode]["step_s"].append(t4 - t0)
+        out[mode]["optim_s"].append(t2 - t1)
+        out[mode]["reduce_s"].append(t4 - t3)
     return out
+
+
+def _parts(
+    model: Any, optim: Any, checks: dict[str, Any], batch: Any, n: int, device: Any
+) -> dict[str, float]:
+    """The guard's own work alone, per mode: the optimizer's step (with or without the guard's hook) and
+    the reduction, `n` times each on the same gradients, the modes alternating call by call: what the
+    whole-step comparison measures, without the forward and backward's noise on a shared machine."""
+    import torch
+    import torch.nn.functional as F
+
+    inputs, targets = batch
+    loss = F.cross_entropy(model(inputs).flatten(0, 1).float(), targets.flatten())
+    loss.backward()
+    times: dict[str, list[float]] = {mode: [] for mode in checks}
+    for i in range(n):
+        for mode in checks if i % 2 == 0 else reversed(list(checks)):
+            check = checks[mode]()
+            check.begin(i)
+            t0 = time.perf_counter()
+            optim.step()
+            logged = check.faulted_loss(loss.detach())
+            check.end()
+            check.reduce(logged)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times[mode].append(time.perf_counter() - t0)
+            check.close()
+    optim.zero_grad(set_to_none=True)
+    return {mode: statistics.median(t) for mode, t in times.items()}
 
 
 def run(preset: str, steps: int, reps: int, device_name: str, warmup: int = 3) -> dict[str, Any]:
@@ -108,21 +144,29 @@ def run(preset: str, steps: int, reps: int, device_name: str, warmup: int = 3) -
     tokens = torch.randint(0, arch.vocab_size, (2, 129), generator=g)
     batch = (tokens[:, :-1].to(device), tokens[:, 1:].to(device))
     faults = FaultInjector([], rank=0, node=0, marker_dir=Path("/nonexistent"), emit=lambda k, s: None)
+    # The "on" window persists across its steps and is full after warm-up: the timed steps judge
+    # spikes too, as a long run does.
+    guards = {
+        mode: Guard(GuardConfig(enabled=mode == "on", window=3), Path("/nonexistent"), rank=0)
+        for mode in ("off", "on")
+    }
+    windows = Windows(3)
+    checks = {
+        mode: (lambda g=g: StepCheck(g, optim, windows, faults, rank=0, world_size=1, device=device))
+        for mode, g in guards.items()
+    }
+    _timed_steps(model, optim, checks, batch, warmup, "on", device)
     per_rep: list[dict[str, Any]] = []
     for rep in range(reps):
         row: dict[str, Any] = {"rep": rep}
-        for mode in ("off", "on") if rep % 2 == 0 else ("on", "off"):
-            # The window is full after warm-up: the timed steps judge spikes too, as a long run does.
-            guard = Guard(GuardConfig(enabled=mode == "on", window=3), Path("/nonexistent"), rank=0)
-            check = StepCheck(guard, optim, Windows(3), faults, rank=0, world_size=1, device=device)
-            _timed_steps(model, optim, check, batch, warmup, device)
-            timed = _timed_steps(model, optim, check, batch, steps, device)
-            check.close()
-            row[mode] = {k: statistics.median(v) for k, v in timed.items()}
+        timed = _timed_steps(model, optim, checks, batch, steps, "off" if rep % 2 == 0 else "on", device)
+        for mode, series in timed.items():
+            row[mode] = {k: statistics.median(v) for k, v in series.items()}
         on, off = row["on"], row["off"]
         row["overhead"] = (on["step_s"] - off["step_s"]) / off["step_s"]
         # The guard's own work: its hook (inside the optimizer's step) and the wider reduction.
-        row["parts_s"] = (on["optim_s"] - off["optim_s"]) + (on["reduce_s"] - off["reduce_s"])
+        row["parts"] = _parts(model, optim, checks, batch, 2 * steps, device)
+        row["parts_s"] = row["parts"]["on"] - row["parts"]["off"]
         row["parts_share"] = row["parts_s"] / row["off"]["step_s"]
         per_rep.append(row)
         print(

@@ -84,20 +84,20 @@ class StepCheck:
     def _pre_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.step < 0:
             return
-        grads = [
-            p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None
-        ]
-        if not grads:
-            return
-        factor = self.faults.numeric(self.step)
-        if factor is not None:
-            with torch.no_grad():
+        with torch.no_grad():  # no autograd node per to_local(): it returns the local shard itself
+            grads = [
+                p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                for group in optimizer.param_groups
+                for p in group["params"]
+                if p.grad is not None
+            ]
+            if not grads:
+                return
+            factor = self.faults.numeric(self.step)
+            if factor is not None:
                 torch._foreach_mul_(grads, factor)
-        if self.guard.enabled:
-            self._grad_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+            if self.guard.enabled:
+                self._grad_norm = torch.nn.utils.get_total_norm(grads, foreach=True)
 
     def reduce(self, loss: torch.Tensor | None) -> Checked:
         """The step's all_reduce (a collective: every rank calls it after the team's step)."""

@@ -147,16 +147,9 @@ class Trainer:
                 progress=lambda: ping(call_wrapper),
             )
             job = RunningJob(
-                self.cfg,
-                self.proc,
-                session,
-                events=self.events,
-                faults=self.faults,
-                heartbeat=self.heartbeat,
-                call_wrapper=call_wrapper,
-                snapshots=self.snapshots,
-                guard=self.guard,
-            )
+                self.cfg, self.proc, session, events=self.events, faults=self.faults, guard=self.guard,
+                heartbeat=self.heartbeat, call_wrapper=call_wrapper, snapshots=self.snapshots,
+            )  # fmt: skip
             self.job = job
             rng.seed_all(self.cfg.run.seed, self.proc.rank)
             self.train(job)
