@@ -72,6 +72,7 @@ class GuardConfig:
         "trips on the same rank that mark its node suspect",
         default=2,
         low=1,
+        high=1000,
         chart="guardSuspectTrips",
     )
 
