@@ -13,8 +13,9 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
 - snapshot    ``python -m bench.snapshot --mib 64 256 1024 --faults 3 --out <json>``: host-memory snapshot
               blocked time vs the one-copy floor, host memory per rank, restore time per source, steps
               recomputed per fault (a node loss restored from its peer's replica among them)
-- guard       ``python -m bench.guard --reps 7 --out <json>``: the numerical guard's cost per step, the
-              same training steps with it on and off, median and range over repetitions (--quick: 3)
+- guard       ``python -m bench.guard --reps 7 --batch 16 --out <json>``: the numerical guard's cost per
+              step, the same training steps with it on and off, median and range over repetitions
+              (--quick: 3)
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
 - scale       ``python -m bench.scale --size full --out <json>``: how the rendezvous, the node beats, the
@@ -119,7 +120,7 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
 CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
 SCALE_ARGS = (["--size", "full"], ["--quick"])  # full: a few minutes at 2,048 nodes / 16,384 ranks
-GUARD_ARGS = (["--reps", "7"], ["--reps", "3", "--steps", "10"])
+GUARD_ARGS = (["--reps", "7", "--batch", "16"], ["--reps", "3", "--steps", "10", "--batch", "16"])
 SNAPSHOT_ARGS = (
     ["--mib", "64", "256", "1024", "--faults", "3"],
     ["--mib", "64", "--reps", "3", "--faults", "1"],

@@ -1,6 +1,7 @@
 """The numerical guard's cost per step: the same training steps with the guard on and off.
 
-    python -m bench.guard [--preset tiny] [--steps 20] [--reps 5] [--device cpu] --out results.json
+    python -m bench.guard [--preset tiny] [--batch 2] [--seq-len 128] [--steps 20] [--reps 5] [--device cpu]
+                          --out results.json
 
 One rank (gloo on CPU, NCCL on CUDA) trains the reference model (FSDP2, AdamW) on random tokens through
 the loop's real step check (trainer/runtime/step_check.py `StepCheck`): with the guard on, the optimizer
@@ -68,7 +69,9 @@ def _timed_steps(
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    out = {mode: {"step_s": [], "optim_s": [], "reduce_s": []} for mode in checks}
+    out: dict[str, dict[str, list[float]]] = {
+        mode: {"step_s": [], "optim_s": [], "reduce_s": []} for mode in checks
+    }
     order = [first, next(m for m in checks if m != first)]
     inputs, targets = batch
     for step in range(2 * steps):
@@ -128,7 +131,11 @@ def _parts(
     return {mode: statistics.median(t) for mode, t in times.items()}
 
 
-def run(preset: str, steps: int, reps: int, device_name: str, warmup: int = 3) -> dict[str, Any]:
+def run(
+    preset: str, steps: int, reps: int, device_name: str, batch: int = 2, seq_len: int = 128, warmup: int = 3
+) -> dict[str, Any]:
+    """The guard's work is one pass over the rank's gradients (it grows with the parameters per rank); a
+    step's grows with the tokens per rank too: `batch` x `seq_len` sets where the share lands."""
     import torch
 
     from trainer.reference.model import PRESETS, build_model
@@ -141,8 +148,8 @@ def run(preset: str, steps: int, reps: int, device_name: str, warmup: int = 3) -
     model = build_model(arch, mesh=mesh, device=device, seed=1)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, arch.vocab_size, (2, 129), generator=g)
-    batch = (tokens[:, :-1].to(device), tokens[:, 1:].to(device))
+    tokens = torch.randint(0, arch.vocab_size, (batch, seq_len + 1), generator=g)
+    data = (tokens[:, :-1].to(device), tokens[:, 1:].to(device))
     faults = FaultInjector([], rank=0, node=0, marker_dir=Path("/nonexistent"), emit=lambda k, s: None)
     # The "on" window persists across its steps and is full after warm-up: the timed steps judge
     # spikes too, as a long run does.
@@ -155,17 +162,17 @@ def run(preset: str, steps: int, reps: int, device_name: str, warmup: int = 3) -
         mode: (lambda g=g: StepCheck(g, optim, windows, faults, rank=0, world_size=1, device=device))
         for mode, g in guards.items()
     }
-    _timed_steps(model, optim, checks, batch, warmup, "on", device)
+    _timed_steps(model, optim, checks, data, warmup, "on", device)
     per_rep: list[dict[str, Any]] = []
     for rep in range(reps):
         row: dict[str, Any] = {"rep": rep}
-        timed = _timed_steps(model, optim, checks, batch, steps, "off" if rep % 2 == 0 else "on", device)
+        timed = _timed_steps(model, optim, checks, data, steps, "off" if rep % 2 == 0 else "on", device)
         for mode, series in timed.items():
             row[mode] = {k: statistics.median(v) for k, v in series.items()}
         on, off = row["on"], row["off"]
         row["overhead"] = (on["step_s"] - off["step_s"]) / off["step_s"]
         # The guard's own work: its hook (inside the optimizer's step) and the wider reduction.
-        row["parts"] = _parts(model, optim, checks, batch, 2 * steps, device)
+        row["parts"] = _parts(model, optim, checks, data, 2 * steps, device)
         row["parts_s"] = row["parts"]["on"] - row["parts"]["off"]
         row["parts_share"] = row["parts_s"] / row["off"]["step_s"]
         per_rep.append(row)
@@ -178,6 +185,7 @@ def run(preset: str, steps: int, reps: int, device_name: str, warmup: int = 3) -
     params = sum(p.numel() for p in model.parameters())
     return {
         "preset": preset,
+        "tokens_per_step": batch * seq_len,
         "params": params,
         "device": str(device),
         "steps_per_rep": steps,
@@ -198,11 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="timed steps per mode and repetition")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--batch", type=int, default=2, help="sequences per step")
+    p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    if args.steps < 1 or args.reps < 1:
-        p.error("--steps and --reps must be >= 1")
-    result = run(args.preset, args.steps, args.reps, args.device)
+    if min(args.steps, args.reps, args.batch, args.seq_len) < 1:
+        p.error("--steps, --reps, --batch and --seq-len must be >= 1")
+    result = run(args.preset, args.steps, args.reps, args.device, args.batch, args.seq_len)
     result["command"] = "python -m bench.guard " + " ".join(sys.argv[1:] if argv is None else argv)
     result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "load": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,8 @@ def guard_section(res: dict[str, Any]) -> str:
         [
             "## Numerical guard",
             "",
-            f"`{res['command']}`: the {res['preset']} model ({res['params']:,} parameters, {res['device']}), "
+            f"`{res['command']}`: the {res['preset']} model ({res['params']:,} parameters, {res['device']}, "
+            f"{res.get('tokens_per_step', '?')} tokens per step), "
             f"{res['steps_per_rep']} steps per mode and repetition, {len(res['reps'])} repetitions.",
             "",
             md_table(
