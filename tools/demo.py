@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 RELEASE = "trainer"
 TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
+GUARD_NAME = "numerical guard (rolled back)"
 REPLACE_DELAY_S = 20.0
 STAND_IN_NOTE = (
     "this run used the local stand-in (tools/localjob.py plays the Job controller and the rendezvous "
@@ -311,6 +312,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "planner_lost": prediction["lost"],
         "loss_breakdown_s": loss_terms(summary),
         "slow_steps": summary["slow_steps"],
+        "guard": summary.get("guard") or {},
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
             "stall_median_s": stall["median"],
@@ -404,7 +406,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         ranks = ",".join(str(r) for r in sorted(f["ranks"]))
         lines.append(
             f"  {f['type']:<10} step {f['step']:<3} rank{'s' if len(f['ranks']) > 1 else ''} {ranks:<4} "
-            f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
+            f"{handled_by(f)}: {status}, detected {secs(f['detection_s'])}, "
             f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
             + (
                 f" (restored step {f['restored_step']} from {restored_sources(f)})"
@@ -440,6 +442,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         "MTTR and stall)",
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
         *describe_slow_steps(r["slow_steps"]),
+        *describe_guard(r.get("guard") or {}),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
     ]
@@ -455,6 +458,28 @@ def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
         f"{slow['over_median_s']:.1f} s beyond the median step ({slow['median_s']:.2f} s), inside the "
         "productive time (what else ran on the same cores: new processes' helpers starting, background "
         "checkpoint writes)"
+    ]
+
+
+def handled_by(fault: dict[str, Any]) -> str:
+    """Which tier recovered a fault; a nan or spike the numerical guard rolled back has none."""
+    if fault["tier"] is None and fault["type"] in ("nan", "spike"):
+        return GUARD_NAME
+    return TIER_NAMES.get(fault["tier"], "tier ?")
+
+
+def describe_guard(guard: dict[str, Any]) -> list[str]:
+    """The numerical guard's rollbacks and suspect nodes (summary.json `guard`), when it acted."""
+    if not guard.get("rollbacks") and not guard.get("suspect_nodes"):
+        return []
+    rollback = guard.get("rollback_s") or {}
+    suspects = ", ".join(str(n) for n in guard.get("suspect_nodes") or []) or "none"
+    median = rollback.get("median")
+    return [
+        f"guard         {guard['rollbacks']} step(s) rolled back, the batch of step(s) "
+        f"{step_ranges(guard.get('skipped_steps') or [])} skipped"
+        + (f", {median:.2f} s median per rollback" if median is not None else "")
+        + f"; suspect nodes: {suspects}"
     ]
 
 

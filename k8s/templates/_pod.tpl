@@ -170,6 +170,10 @@ its reason where it sees no device.
 {{- end }}
 - --fault-seed={{ int $v.faultSeed }}
 - --max-repeated-faults={{ int $v.maxRepeatedFaults }}
+- {{ ternary "--guard" "--no-guard" $v.guard }}
+- {{ printf "--guard-spike-factor=%v" $v.guardSpikeFactor | quote }}
+- --guard-window={{ int $v.guardWindow }}
+- --guard-suspect-trips={{ int $v.guardSuspectTrips }}
 - --metrics-port={{ int $v.metricsPort }}
 - {{ printf "--metrics-linger=%v" $v.metricsLinger | quote }}
 - {{ printf "--device=%s" $v.device | quote }}

@@ -110,3 +110,18 @@ def test_the_report_names_the_slow_steps_as_ranges() -> None:
     assert describe_slow_steps({"median_s": 0.5, "steps": [], "over_median_s": 0.0}) == []
     (line,) = describe_slow_steps({"median_s": 0.5, "steps": [0, 1, 7], "over_median_s": 4.25})
     assert line.startswith("slow steps    3 steps (0-1, 7) ran 4.2 s beyond the median step (0.50 s)"), line
+
+
+def test_the_report_names_the_guards_rollbacks_and_suspect_nodes() -> None:
+    from tools.demo import GUARD_NAME, describe_guard, handled_by
+
+    assert describe_guard({"rollbacks": 0, "skipped_steps": [], "suspect_nodes": []}) == []
+    guard = {"rollbacks": 2, "skipped_steps": [4, 9], "rollback_s": {"median": 0.25}, "suspect_nodes": [1]}
+    (line,) = describe_guard(guard)
+    assert line == (
+        "guard         2 step(s) rolled back, the batch of step(s) 4, 9 skipped, 0.25 s median per rollback; "
+        "suspect nodes: 1"
+    ), line
+    assert handled_by({"tier": None, "type": "nan"}) == GUARD_NAME
+    assert handled_by({"tier": None, "type": "sigkill"}) == "tier ?"
+    assert handled_by({"tier": 2, "type": "spike"}).startswith("tier 2")

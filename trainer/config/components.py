@@ -6,6 +6,7 @@
     snapshot  SnapshotConfig  trainer/snapshot/config.py
     metrics   MetricsConfig   the Prometheus endpoint
     faults    FaultConfig     injected faults (trainer/runtime/faults.py)
+    guard     GuardConfig     trainer/resilience/guard.py: the numerical guard
 
 `TrainConfig` (trainer/config/train_config.py) holds one of each; the CLI is generated from them in this
 order, and `CHART_TABLE` lists, from the same declarations, which chart value renders which option into which
@@ -25,6 +26,7 @@ from typing import Any, Literal
 
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.config.settings import ChartRow, ConfigError, chart_rows, check, setting
+from trainer.resilience.guard import GuardConfig
 from trainer.resilience.timeouts import Timeouts
 from trainer.runtime.faults import FAULT_KINDS, FaultSpec
 from trainer.snapshot.config import SnapshotConfig
@@ -135,7 +137,8 @@ class FaultConfig:
 
     specs: tuple[FaultSpec, ...] = setting(
         "--fault",
-        "KIND:step=N[:rank=R|random][:node=K], repeatable; also env TRAINER_FAULTS (';'-separated). "
+        "KIND:step=N[:rank=R|random][:node=K][:factor=F], repeatable; "
+        "also env TRAINER_FAULTS (';'-separated). "
         "KIND: " + ", ".join(FAULT_KINDS),
         factory=tuple,
         repeat=True,
@@ -160,6 +163,7 @@ COMPONENTS: dict[str, type] = {
     "snapshot": SnapshotConfig,
     "metrics": MetricsConfig,
     "faults": FaultConfig,
+    "guard": GuardConfig,
 }
 """TrainConfig's components by field name, in CLI order."""
 

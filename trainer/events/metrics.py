@@ -39,6 +39,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "snapshot": ("step", "blocked_s", "copy_s", "bytes"),
     "replica": ("step", "holder", "bytes", "send_s", "ok"),
     "data_position_unsaved": ("data",),
+    "guard_tripped": ("step", "reason", "loss", "grad_norm"),
+    "guard_rollback": ("step", "restored_step", "ranks", "rollback_s"),
+    "node_suspect": ("node", "ranks", "source", "reason", "step"),
 }
 COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
 
@@ -357,6 +360,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "restore_skipped": restore_skipped(by_ev.get("restore_skipped", [])),
         "faults": fault_reports,
         "loss_s": loss,
+        "guard": guard_stats(by_ev.get("guard_rollback", []), by_ev.get("node_suspect", [])),
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
     }
@@ -468,6 +472,17 @@ def loss_breakdown(
     named = math.fsum([productive, *terms["recovery"], *(v for k, v in terms.items() if k != "recovery")])
     terms["other"] = (t_last - t0) - named
     return terms
+
+
+def guard_stats(rollbacks: list[dict[str, Any]], suspects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numerical guard's work (rank 0's events): each rollback skipped the batch of its step."""
+    rollbacks = [e for e in rollbacks if int(e["rank"]) == 0]
+    return {
+        "rollbacks": len(rollbacks),
+        "skipped_steps": [int(e["step"]) for e in rollbacks],
+        "rollback_s": _stats(float(e["rollback_s"]) for e in rollbacks),
+        "suspect_nodes": sorted({int(e["node"]) for e in suspects if int(e["rank"]) == 0}),
+    }
 
 
 def _snapshot_stats(events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Deterministic fault injection, off by default.
 
-A fault is `KIND:step=N[:rank=R][:node=K]` given with `--fault` (repeatable) or in TRAINER_FAULTS
+A fault is `KIND:step=N[:rank=R][:node=K][:factor=F]` given with `--fault` (repeatable) or in TRAINER_FAULTS
 (';'-separated). `rank=random` draws the rank from `--fault-seed`, so a run is reproducible. Each fault
 fires at most once per run, even across restarts: the firing rank first creates a marker file under
 `<out-dir>/faults/` with O_EXCL, then fires; a restarted process finds the marker and skips it. A node-loss
@@ -25,10 +25,14 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
     replica-corrupt  from the start of step N the rank keeping rank R's peer replica damages every
                   replica of R it holds and receives (memory gone bad at rest); a node loss of R's node
                   then needs it (add `node-loss:step=M:node=K`, M > N)
+    nan           in step N rank R's gradients (in the optimizer's step, so the update really is NaN)
+                  and the loss it logs become NaN: what the numerical guard rolls back
+    spike         in step N rank R's gradients and logged loss are multiplied by `factor` (default 1000)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -50,7 +54,12 @@ FaultKind = Literal[
     "repeat-exception",
     "snapshot-corrupt",
     "replica-corrupt",
+    "nan",
+    "spike",
 ]
+NUMERIC_KINDS = ("nan", "spike")  # armed at the start of the step, applied to its gradients and loss
+SPIKE_FACTOR = 1000.0
+"""A spike's `factor` when the spec gives none: far past any sensible --guard-spike-factor."""
 IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 RANDOM = -1  # rank=random before it is resolved
@@ -72,6 +81,8 @@ class FaultSpec:
     step: int
     rank: int = 0
     node: int = 0
+    factor: float | None = None
+    """`spike` only: what the step's gradients and loss are multiplied by (None: SPIKE_FACTOR)."""
 
     @property
     def key(self) -> str:
@@ -79,7 +90,8 @@ class FaultSpec:
         return f"{self.kind}-step{self.step}-rank{self.rank}-node{self.node}"
 
     def __str__(self) -> str:
-        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
+        extra = f":factor={self.factor}" if self.factor is not None else ""
+        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}{extra}"
 
 
 def parse_fault(text: str) -> FaultSpec:
@@ -95,9 +107,9 @@ def parse_fault(text: str) -> FaultSpec:
     fields: dict[str, str] = {}
     for part in parts[1:]:
         name, sep, value = part.partition("=")
-        if not sep or name not in ("step", "rank", "node") or name in fields:
+        if not sep or name not in ("step", "rank", "node", "factor") or name in fields:
             raise ValueError(
-                f"bad part {part!r} in {text!r}; expected step=N, rank=R|random, node=K once each"
+                f"bad part {part!r} in {text!r}; expected step=N, rank=R|random, node=K, factor=F once each"
             )
         fields[name] = value
     if "step" not in fields:
@@ -114,7 +126,21 @@ def parse_fault(text: str) -> FaultSpec:
 
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
-    return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node)
+    factor = _factor(kind, fields["factor"], text) if "factor" in fields else None
+    return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node, factor=factor)
+
+
+def _factor(kind: str, raw: str, text: str) -> float:
+    """A spike's `factor=F`: a finite number > 1 (a factor of a kind that takes none is refused)."""
+    if kind != "spike":
+        raise ValueError(f"factor applies to spike only, not {kind} in {text!r}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"factor must be a number in {text!r}, got {raw!r}") from None
+    if not (math.isfinite(value) and value > 1):
+        raise ValueError(f"factor must be a finite number > 1 in {text!r}, got {raw!r}")
+    return value
 
 
 def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> list[FaultSpec]:
@@ -127,7 +153,7 @@ def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> lis
             raise ValueError(
                 f"{spec.kind}:step={spec.step}: rank {rank} does not exist (world size {world_size})"
             )
-        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node))
+        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node, spec.factor))
     return out
 
 
@@ -147,6 +173,8 @@ class FaultInjector:
         self.marker_dir = marker_dir
         self.emit = emit
         self.specs = [s for s in specs if self._targets_me(s)]
+        self.armed: FaultSpec | None = None
+        """The nan or spike fault of the step in progress (`numeric`), claimed at its start."""
 
     def _targets_me(self, spec: FaultSpec) -> bool:
         if spec.kind == "node-loss":
@@ -187,7 +215,9 @@ class FaultInjector:
         keeps_replica_of: Callable[[int], bool] | None = None,
     ) -> None:
         """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one).
-        `keeps_replica_of(R)`: this rank keeps R's peer replica (a replica-corrupt fires there)."""
+        `keeps_replica_of(R)`: this rank keeps R's peer replica (a replica-corrupt fires there). Arms a
+        nan or spike fault of `step` for `numeric`."""
+        self.armed = None
         for spec in self.specs:
             if spec.kind == "repeat-exception" and spec.step == step:
                 self.emit(spec.kind, step)
@@ -197,7 +227,9 @@ class FaultInjector:
             if spec.kind in IN_SAVE_KINDS or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
-            if spec.kind == "exception":
+            if spec.kind in NUMERIC_KINDS:
+                self.armed = spec
+            elif spec.kind == "exception":
                 raise InjectedFault(f"injected {spec}")
             if spec.kind == "replica-corrupt":
                 if damage_replicas is not None:
@@ -215,6 +247,16 @@ class FaultInjector:
                 _hang()
             elif spec.kind == "node-loss":
                 _lose_node()
+
+    def numeric(self, step: int) -> float | None:
+        """What a nan or spike fault armed for `step` multiplies this rank's gradients and loss by (NaN
+        for nan), or None: applied by the numerical guard's hooks (trainer/resilience/guard.py)."""
+        spec = self.armed
+        if spec is None or spec.step != step:
+            return None
+        if spec.kind == "nan":
+            return math.nan
+        return spec.factor if spec.factor is not None else SPIKE_FACTOR
 
     def in_checkpoint(self, step: int) -> None:
         """CheckpointHooks.before_commit: die inside the first save at or after a ckpt-crash step."""

@@ -54,6 +54,10 @@ SAMPLE: dict[str, Any] = {
     "metrics.linger": 7.0,
     "faults.specs": {"a": "exception:step=3:rank=1"},
     "faults.seed": 9,
+    "guard.enabled": False,
+    "guard.spike_factor": 4.5,
+    "guard.window": 7,
+    "guard.suspect_trips": 3,
 }
 
 

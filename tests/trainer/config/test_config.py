@@ -44,7 +44,7 @@ def test_defaults_parse_and_nest() -> None:
 def test_the_library_config_holds_no_model_data_or_optimizer() -> None:
     """A team's function needs no reference-model flag: the library neither requires nor knows one."""
     cfg = config_from_args(_args("--entrypoint=team.train"), env={})
-    assert set(cfg.to_dict()) == {"run", "ckpt", "timeouts", "snapshot", "metrics", "faults"}
+    assert set(cfg.to_dict()) == {"run", "ckpt", "timeouts", "snapshot", "metrics", "faults", "guard"}
     assert "lr" not in cfg.to_dict()["run"]
     with pytest.raises(ConfigError, match="config error: arguments: unrecognized arguments: --data-path"):
         config_from_args(_args("--data-path=/tmp/x.npy"), env={})
