@@ -106,7 +106,8 @@ def block(name: str, doc: str, components: dict[str, type]) -> str:
         option_line(e) for e in rows if not e.spec.place
     ]
     body = "\n".join(lines)
-    return f'{{{{/* {doc} */}}}}\n{{{{- define "{name}" -}}}}\n{{{{- $v := .Values -}}}}\n{body}\n{{{{- end }}}}\n'
+    head = f'{{{{/* {doc} */}}}}\n{{{{- define "{name}" -}}}}\n{{{{- $v := .Values -}}}}\n'
+    return f"{head}{body}\n{{{{- end }}}}\n"
 
 
 def args_template() -> str:
@@ -246,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         old = stale()
         for path in old:
-            print(f"{path.relative_to(REPO)} is out of date: run make chart-gen", file=sys.stderr)
+            print(f"{path} is out of date: run make chart-gen", file=sys.stderr)
         return 1 if old else 0
     for path, text in generated().items():
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(REPO)}")
+            print(f"wrote {path}")
     return 0
 
 

@@ -76,8 +76,8 @@ class RunConfig:
     """Seeds model init and data order; the same seed and steps give bitwise the same final state."""
     device: Device = setting(
         "--device",
-        "cuda (a GPU node: fails without one), cpu, or auto: cuda if available",
-        default="cuda",
+        "auto: cuda if available",
+        default="auto",
         choices=DEVICES,
         chart="device",
     )

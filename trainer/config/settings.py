@@ -22,7 +22,6 @@ from typing import Any
 
 from trainer.config.errors import UnrecoverableError, error_line
 
-
 WEEK_S = 604800
 """The longest timeout any setting accepts, in seconds (the chart's schema gets the same bound, generated)."""
 EXACT_INT = 2**53 - 1

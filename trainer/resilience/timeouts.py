@@ -138,8 +138,8 @@ class Timeouts:
     inprocess_liveness_timeout: float | None = setting(
         "--inprocess-liveness-timeout",
         "seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); default: "
-        "at most --inprocess-hard-timeout",
-        default=DEFAULT_LIVENESS_TIMEOUT,
+        f"{DEFAULT_LIVENESS_TIMEOUT:g} or --inprocess-hard-timeout if shorter",
+        default=None,
         kind=float,
         above=0,
         high=WEEK_S,
@@ -147,7 +147,7 @@ class Timeouts:
         chart="inprocessLivenessTimeout",
     )
     """Tier 1: seconds without a heartbeat from a peer's Wrapper monitor before that peer counts as dead;
-    None (from the api): DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
+    None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
     hang_timeout_floor: float = setting(
         "--hang-timeout-floor",
         "seconds: the heartbeat timeout calculated from the measured step time is never shorter",
