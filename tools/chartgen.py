@@ -220,7 +220,8 @@ def values_text(text: str) -> str:
         pattern = re.compile(rf"^{re.escape(str(name))}:.*$", re.MULTILINE)
         if len(pattern.findall(text)) != 1:
             raise KeyError(f"{name}: values.yaml needs one documented top-level `{name}:` line")
-        text = pattern.sub(lambda _m, n=name, e=entry: f"{n}: {yaml_scalar(e)}", text)
+        line = f"{name}: {yaml_scalar(entry)}"
+        text = pattern.sub(line.replace("\\", "\\\\"), text)
     return text
 
 

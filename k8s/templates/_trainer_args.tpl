@@ -21,9 +21,7 @@ declared with chart= (a value) or place= (a pod env entry, expanded by the kubel
 - {{ printf "--inprocess-hard-timeout=%v" $v.inprocessHardTimeout | quote }}
 - {{ printf "--inprocess-barrier-timeout=%v" $v.inprocessBarrierTimeout | quote }}
 - {{ printf "--heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
-{{- if not (kindIs "invalid" $v.inprocessLivenessTimeout) }}
 - {{ printf "--inprocess-liveness-timeout=%v" $v.inprocessLivenessTimeout | quote }}
-{{- end }}
 - {{ printf "--hang-timeout-floor=%v" $v.hangTimeoutFloor | quote }}
 - {{ printf "--hang-timeout-factor=%v" $v.hangTimeoutFactor | quote }}
 - --hang-warmup-steps={{ int $v.hangWarmupSteps }}

@@ -137,9 +137,9 @@ class Timeouts:
     """Tier 2: ft_launcher's --ft-rank-heartbeat-timeout (must match the launcher flag)."""
     inprocess_liveness_timeout: float | None = setting(
         "--inprocess-liveness-timeout",
-        "seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); default: "
-        f"{DEFAULT_LIVENESS_TIMEOUT:g} or --inprocess-hard-timeout if shorter",
-        default=None,
+        "seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); "
+        "at most --inprocess-hard-timeout",
+        default=DEFAULT_LIVENESS_TIMEOUT,
         kind=float,
         above=0,
         high=WEEK_S,
@@ -147,7 +147,8 @@ class Timeouts:
         chart="inprocessLivenessTimeout",
     )
     """Tier 1: seconds without a heartbeat from a peer's Wrapper monitor before that peer counts as dead;
-    None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
+    None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter (a Timeouts built with
+    tier-1 timeouts under 10 s passes None or a shorter value)."""
     hang_timeout_floor: float = setting(
         "--hang-timeout-floor",
         "seconds: the heartbeat timeout calculated from the measured step time is never shorter",

@@ -191,14 +191,17 @@ def test_bad_config_exits_before_any_process_group(
 
 
 def test_timeouts_must_nest() -> None:
-    Timeouts(1, 2, 3, 4, 5).check()
+    Timeouts(1, 2, 3, 4, 5, None).check()  # None: the liveness timeout follows the hard timeout
     with pytest.raises(TimeoutNestingError) as info:
-        Timeouts(1, 2, 3, 3, 5).check()
+        Timeouts(1, 2, 3, 4, 5).check()  # the default liveness timeout (10 s) exceeds the hard one
+    assert info.value.field == "inprocess_liveness_timeout"
+    with pytest.raises(TimeoutNestingError) as info:
+        Timeouts(1, 2, 3, 3, 5, None).check()
     assert info.value.field == "inprocess_barrier_timeout"
     with pytest.raises(TimeoutNestingError) as info:
-        Timeouts(0, 2, 3, 4, 5).check()
+        Timeouts(0, 2, 3, 4, 5, None).check()
     assert info.value.field == "collective_timeout"
-    kwargs = Timeouts(1, 2, 3, 4, 5).wrapper_kwargs()
+    kwargs = Timeouts(1, 2, 3, 4, 5, None).wrapper_kwargs()
     assert kwargs["soft_timeout"] < kwargs["hard_timeout"] < kwargs["barrier_timeout"]
     assert kwargs["heartbeat_timeout"] < kwargs["barrier_timeout"]
 
