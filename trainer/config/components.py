@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -188,6 +188,16 @@ COMPONENTS: dict[str, type] = {
 CHART_TABLE: tuple[ChartRow, ...] = tuple(chart_rows(COMPONENTS))
 """Chart value -> trainer option -> TrainConfig field, for every option the chart renders."""
 _BY_FIELD = {row.field: row for row in CHART_TABLE if not row.is_place}
+
+
+def default_of(name: str) -> Any:
+    """The declared default of a setting by TrainConfig field (`"ckpt.interval_steps"` -> its default): how
+    a harness takes the cluster's value without writing it again."""
+    component, _, field_name = name.partition(".")
+    for f in fields(COMPONENTS[component]):
+        if f.name == field_name:
+            return f.default_factory() if f.default_factory is not MISSING else f.default
+    raise KeyError(f"no setting {name} (trainer/config/components.py COMPONENTS)")
 
 
 def chart_values(settings: Mapping[str, Any]) -> dict[str, Any]:
