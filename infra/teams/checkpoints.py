@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, get_type_hints
 from pydantic import Field, create_model, model_validator
 
 from infra.teams.base import StrictModel
+from infra.teams.chart_bounds import chart_default
 from infra.teams.errors import FieldError
 from sizing import teamfile
 from sizing.model import SizingInputs
@@ -105,10 +106,6 @@ def as_written(message: str) -> str:
     return message
 
 
-# The chart's ckptWriteTimeout default (k8s/values.yaml): never set below it.
-CHART_WRITE_TIMEOUT_S = 600
-
-
 def checkpoint_values(checkpoints: _Declared, write_s: float) -> dict[str, object]:
     """The chart values of the checkpoint cadence (Contract 1), so the chart runs what was sized: the
     preset (left at the chart's when the team gives its own parameter count), ckptInterval, ckptKeep, and
@@ -117,7 +114,8 @@ def checkpoint_values(checkpoints: _Declared, write_s: float) -> dict[str, objec
     values: dict[str, object] = {
         "ckptInterval": checkpoints.steps_between_saves,
         "ckptKeep": checkpoints.declared().keep,
-        "ckptWriteTimeout": max(CHART_WRITE_TIMEOUT_S, math.ceil(2 * write_s)),
+        # Never below the chart's default (the trainer setting's, generated into values.yaml).
+        "ckptWriteTimeout": max(int(chart_default("ckptWriteTimeout")), math.ceil(2 * write_s)),
     }
     if checkpoints.preset is not None:
         values["preset"] = checkpoints.preset
