@@ -67,6 +67,9 @@ def entries(components: dict[str, type]) -> Iterator[Entry]:
             if spec.flag is None or not (spec.chart or spec.place):
                 continue
             kind = list if spec.repeat else spec.kind or type(f.default)
+            if spec.chart and f.default is None:
+                # Helm deletes a key whose value is null: the chart's value would be missing, not null.
+                raise ValueError(f"{spec.flag}: a chart value needs a default other than None")
             yield Entry(f, spec, kind)
 
 
@@ -89,14 +92,10 @@ def option_line(entry: Entry) -> str:
     if entry.kind is bool:
         return f'- {{{{ ternary "{flag}" "--no-{flag[2:]}" {ref} }}}}'
     if entry.kind is int:
-        line = f"- {flag}={{{{ int {ref} }}}}"
-    elif entry.kind is float:
-        line = f'- {{{{ printf "{flag}=%v" {ref} | quote }}}}'
-    else:
-        line = f'- {{{{ printf "{flag}=%s" {ref} | quote }}}}'
-    if entry.default is None:
-        return f'{{{{- if not (kindIs "invalid" {ref}) }}}}\n{line}\n{{{{- end }}}}'
-    return line
+        return f"- {flag}={{{{ int {ref} }}}}"
+    if entry.kind is float:
+        return f'- {{{{ printf "{flag}=%v" {ref} | quote }}}}'
+    return f'- {{{{ printf "{flag}=%s" {ref} | quote }}}}'
 
 
 def block(name: str, doc: str, components: dict[str, type]) -> str:
@@ -157,8 +156,6 @@ def _schema_type(entry: Entry) -> dict[str, Any]:
     if kind not in (int, float):
         raise TypeError(f"{entry.flag}: no schema for a {kind.__name__} chart value")
     out = {"type": "integer" if kind is int else "number"}
-    if entry.default is None:
-        out["type"] = [out["type"], "null"]
     if spec.low is not None:
         out["minimum"] = _number(spec.low)
     if spec.above is not None:
@@ -198,8 +195,6 @@ def yaml_scalar(entry: Entry) -> str:
     value = entry.default
     if entry.kind is list:
         return "{}"
-    if value is None:
-        return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

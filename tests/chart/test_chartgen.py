@@ -9,7 +9,7 @@ import pytest
 
 from tools import chartgen
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.config.settings import declared
+from trainer.config.settings import declared, setting
 
 
 def test_generated_files_are_up_to_date() -> None:
@@ -48,3 +48,14 @@ def test_check_mode_reports_a_stale_file(tmp_path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(chartgen, "VALUES", stale)
     assert chartgen.stale() == [stale]
     assert chartgen.main(["--check"]) == 1
+
+
+def test_a_chart_value_without_a_default_helm_can_hold_is_refused() -> None:
+    """Helm deletes a null value's key: a None default would leave the chart's value missing."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Optional:
+        x: float | None = setting("--x", "x", default=None, kind=float, chart="x")
+
+    with pytest.raises(ValueError, match="--x: a chart value needs a default other than None"):
+        list(chartgen.entries({"o": Optional}))
