@@ -51,12 +51,92 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 - --ft-no-restart-exit-code=93
 - --ft-max-no-progress-cycles={{ int $v.maxNoProgressCycles }}
 - --ft-checkpoint-iteration-file=$(CHECKPOINT_DIR)/latest_checkpointed_iteration.txt
+{{ include "trainer.nodeHealthLauncherArgs" . }}
 - -m
 - trainer
 {{ include "trainer.trainerArgs" . }}
 {{- with include "trainer.entryArgs" . }}
 {{ . }}
 {{- end }}
+{{- end }}
+
+{{/*
+ft_launcher's node health options (docs/operations.md, "Node health"): before it joins each rendezvous
+round, the launcher asks the pod's node-health sidecar (trainer.nodeHealthContainer) over its Unix socket,
+and runs NVRx's own Lustre/NFS mount check; a node that fails is refused and a spare joins instead. NVRx
+records each restart cycle under the run's output directory.
+*/}}
+{{- define "trainer.nodeHealthLauncherArgs" -}}
+{{- $v := .Values -}}
+- --ft-cycle-info-dir=$(OUT_DIR)/nvrx-cycles
+{{- if $v.nodeHealth }}
+- --ft-node-health-check-endpoint={{ include "trainer.nodeHealthSocket" . }}
+- --ft-enable-dist-storage-healthcheck=true
+{{- if $v.nodeHealthPathCheck }}
+- {{ printf "--ft-storage-health-check-path=%s" $v.storage.mountPath | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "trainer.nodeHealthSocketDir" -}}/run/trainer-health{{- end }}
+{{- define "trainer.nodeHealthSocket" -}}{{ include "trainer.nodeHealthSocketDir" . }}/health.sock{{- end }}
+
+{{/*
+The node health daemon (python -m trainer.health) as a native sidecar: an init container with
+restartPolicy Always, started after the other init containers and before the trainer, which the kubelet
+starts only once the startup probe finds the socket (NVRx's launcher looks for it once, when it starts,
+and skips the check for good if it is missing), and stops after the trainer ends (a Job's pod still
+completes). Its socket lives in an emptyDir only this pod mounts (docs/security.md). The GPUs and EFA
+devices belong to the trainer container; the daemon sees the GPUs through the NVIDIA runtime
+(NVIDIA_VISIBLE_DEVICES=all, utility only) where the cluster allows it, and skips each device check with
+its reason where it sees no device.
+*/}}
+{{- define "trainer.nodeHealthContainer" -}}
+{{- $v := .Values -}}
+- name: node-health
+  image: {{ include "trainer.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy | quote }}
+  restartPolicy: Always
+  command: [python, -m, trainer.health]
+  args:
+    - --socket={{ include "trainer.nodeHealthSocket" . }}
+    - --storage-path=$(OUT_DIR)
+    - {{ printf "--storage-deadline=%v" $v.nodeHealthStorageDeadline | quote }}
+    - {{ printf "--nvme-path=%s" (include "trainer.localNvmeMount" .) | quote }}
+    - {{ printf "--nvme-min-free-gib=%v" $v.nodeHealthNvmeMinFreeGiB | quote }}
+    - --gpus={{ int $v.gpusPerNode }}
+    - --efa-devices={{ include "trainer.efaPerNode" . | int }}
+  env:
+    - name: OUT_DIR
+      value: {{ printf "%s/runs/%s" (trimSuffix "/" $v.storage.mountPath) (include "trainer.runName" .) | quote }}
+    - name: HOME
+      value: /tmp
+    - name: PYTHONUNBUFFERED
+      value: "1"
+    {{- if ne $v.device "cpu" }}
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: all
+    - name: NVIDIA_DRIVER_CAPABILITIES
+      value: utility
+    {{- end }}
+  startupProbe:
+    exec:
+      command: [python, -m, trainer.health, probe, --socket, {{ include "trainer.nodeHealthSocket" . }}]
+    periodSeconds: 1
+    failureThreshold: 120
+  resources:
+    {{- include "trainer.helperResources" . | nindent 4 }}
+  securityContext:
+    {{- include "trainer.containerSecurityContext" . | nindent 4 }}
+  volumeMounts:
+    - name: fsx
+      mountPath: {{ $v.storage.mountPath | quote }}
+    - name: local-nvme
+      mountPath: {{ include "trainer.localNvmeMount" . | quote }}
+      readOnly: true
+    - name: node-health
+      mountPath: {{ include "trainer.nodeHealthSocketDir" . }}
+    {{- include "trainer.scratchMount" . | nindent 4 }}
 {{- end }}
 
 {{/*
@@ -317,6 +397,9 @@ spec:
         - name: local-nvme
           mountPath: {{ include "trainer.localNvmeMount" . | quote }}
         {{- include "trainer.scratchMount" . | nindent 8 }}
+  {{- if $v.nodeHealth }}
+    {{- include "trainer.nodeHealthContainer" . | nindent 4 }}
+  {{- end }}
   containers:
     - name: trainer
       image: {{ include "trainer.image" . | quote }}
@@ -355,6 +438,10 @@ spec:
           mountPath: /dev/shm
         {{- include "trainer.keyMounts" . | nindent 8 }}
         {{- include "trainer.scratchMount" . | nindent 8 }}
+        {{- if $v.nodeHealth }}
+        - name: node-health
+          mountPath: {{ include "trainer.nodeHealthSocketDir" . }}
+        {{- end }}
   volumes:
     - name: fsx
       persistentVolumeClaim:
@@ -369,6 +456,12 @@ spec:
         sizeLimit: {{ $v.shmSize | quote }}
     {{- include "trainer.keyVolumes" . | nindent 4 }}
     {{- include "trainer.scratchVolume" . | nindent 4 }}
+    {{- if $v.nodeHealth }}
+    - name: node-health
+      emptyDir:
+        medium: Memory
+        sizeLimit: 1Mi
+    {{- end }}
 {{- end }}
 
 {{/* Pod failure handling shared by the Job and the JobSet's Job (see podRetriesPerIndex in values). */}}

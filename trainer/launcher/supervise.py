@@ -29,6 +29,10 @@ ft_launcher ended without a verdict does one short-lived `python -m trainer.laun
 --wait-epoch` read the service's epoch again: it imports torch, which would delay every failing pod's
 exit by seconds.
 
+The supervisor also keeps the pod's presence listener open (trainer/launcher/presence.py): a port that
+answers for as long as the pod lives, and refuses once it is gone, so its peers record its ranks as
+terminated at once (trainer/resilience/lostpods.py).
+
 Signals the kubelet sends (SIGTERM, SIGINT) are forwarded to ft_launcher and end supervision: a pod that
 is being stopped is never restarted. The supervisor leads the pod's process group, as the exec'd
 ft_launcher did, so the node-loss fault (trainer/runtime/faults.py) still kills the whole pod through
@@ -48,6 +52,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from trainer.launcher.podfiles import write_atomically
+from trainer.launcher.presence import PRESENCE_PORT_ENV, PresenceListener
 
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
@@ -305,6 +310,9 @@ def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, kee
     """Run ft_launcher's `command` under a Supervisor with the pod's signals forwarded; `keep`: this
     process's other children (the zygote), never taken for ft_launcher's leftovers."""
     supervisor = Supervisor(command, endpoint, epoch_file)
+    # Open for as long as this process (the pod) lives: peers tell a lost pod by a refused connection.
+    listener = PresenceListener()
+    os.environ[PRESENCE_PORT_ENV] = str(listener.port)
     become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.forward)
