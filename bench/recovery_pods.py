@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -52,7 +51,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.recovery_measure import spread
+from bench import podrun
+from bench.stats import spread
 from tools import podkill
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
@@ -294,15 +294,7 @@ def pod_specs(
     from tools.localpods import node_places, node_pod_spec
     from tools.podcommand import LocalPlaces, pod_argv
 
-    stores = free_port(span=2)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tree),
-        "OMP_NUM_THREADS": "1",
-        # Outside the ephemeral range, as tests/trainer/_jobs.py run_job does (MASTER_PORT+1/+2 collided).
-        "TRAINER_PG_PORT": str(stores),
-        "TRAINER_INPROCESS_PORT": str(stores + 1),
-    }
+    env = podrun.pod_env(tree)
     specs = []
     for index in range(sc.nodes + sc.spares):
         places = node_places(LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt"), index)
@@ -466,35 +458,30 @@ class Driver:
 
 def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> dict[str, Any]:
     """Run one scenario once; its figures (see the module docstring)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    podrun.fresh(run_dir)
     port = free_port()
     pods = sc.nodes + sc.spares
     exporter = any(podkill.parse(k).process == "exporter" for k in sc.kills)
     metrics_ports = [free_port() for _ in range(pods)] if exporter else []
     specs = pod_specs(sc, cfg, run_dir, data, port, metrics_ports=metrics_ports)
     (run_dir / "command.json").write_text(json.dumps(list(specs[0].argv), indent=1))
-    out = run_dir / "out"
-    load = os.getloadavg()[0]  # a shared machine: the figures scale with what else runs
-    t0 = time.monotonic()
-    with LocalJob(
+    drivers: list[Driver] = []
+
+    def watch(job: LocalJob) -> Callable[[], None]:
+        drivers.append(Driver(sc, job, run_dir / "logs"))
+        return lambda: drivers[0](_read_events(run_dir / "out"))
+
+    run = podrun.run_job(
         specs,
+        host_port=port,
+        timeout_s=cfg.run_timeout_s,
         backoff_limit=len(specs) + 2,
         fail_job_exit_codes=FAIL_JOB_EXIT_CODES,
         replace_delay_s=cfg.replace_delay_s if sc.replace_delay_s is None else sc.replace_delay_s,
-        host_port=port,
-    ) as job:
-        job.start()
-        driver = Driver(sc, job, run_dir / "logs")
-        result: JobResult | None = None
-        while result is None and time.monotonic() - t0 < cfg.run_timeout_s:
-            driver(_read_events(out))
-            result = job.poll()
-            time.sleep(0.1)
-        if result is None:
-            result = job.wait(timeout_s=0.1)  # stops every pod and reports the timeout
-    rec = measure(sc, run_dir, result, driver.done, time.monotonic() - t0, driver.kills.records())
-    rec["load_avg_1min"] = load
+        watch=watch,
+    )
+    rec = measure(sc, run_dir, run.result, drivers[0].done, run.elapsed_s, drivers[0].kills.records())
+    rec["load_avg_1min"] = run.load_avg_1min
     return rec
 
 

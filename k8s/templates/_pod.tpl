@@ -139,47 +139,14 @@ its reason where it sees no device.
     {{- include "trainer.scratchMount" . | nindent 4 }}
 {{- end }}
 
-{{/* The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. */}}
+{{/*
+The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. The
+settings' options are generated (templates/_trainer_args.tpl, tools/chartgen.py); extraTrainerArgs last.
+*/}}
 {{- define "trainer.trainerArgs" -}}
-{{- $v := .Values -}}
-- --ckpt-dir=$(CHECKPOINT_DIR)
-- --ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)
-- --out-dir=$(OUT_DIR)
-- --steps={{ int $v.steps }}
-- --seed={{ int $v.seed }}
-- --ckpt-interval={{ int $v.ckptInterval }}
-- --ckpt-keep={{ int $v.ckptKeep }}
-- {{ printf "--ckpt-mode=%s" $v.ckptMode | quote }}
-- {{ printf "--ckpt-write-timeout=%v" $v.ckptWriteTimeout | quote }}
-- --ckpt-failure-limit={{ int $v.ckptFailureLimit }}
-- {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
-- --snapshot-interval={{ int $v.snapshotInterval }}
-- {{ ternary "--snapshot-replication" "--no-snapshot-replication" $v.snapshotReplication }}
-- {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
-- {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
-- {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}
-- {{ printf "--inprocess-hard-timeout=%v" $v.inprocessHardTimeout | quote }}
-- {{ printf "--inprocess-barrier-timeout=%v" $v.inprocessBarrierTimeout | quote }}
-- {{ printf "--heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
-- {{ printf "--inprocess-liveness-timeout=%v" $v.inprocessLivenessTimeout | quote }}
-- {{ printf "--hang-timeout-floor=%v" $v.hangTimeoutFloor | quote }}
-- {{ printf "--hang-timeout-factor=%v" $v.hangTimeoutFactor | quote }}
-- --hang-warmup-steps={{ int $v.hangWarmupSteps }}
-{{- range $name := keys $v.faults | sortAlpha }}
-- {{ printf "--fault=%s" (get $v.faults $name) | quote }}
-{{- end }}
-- --fault-seed={{ int $v.faultSeed }}
-- --max-repeated-faults={{ int $v.maxRepeatedFaults }}
-- {{ ternary "--guard" "--no-guard" $v.guard }}
-- {{ printf "--guard-spike-factor=%v" $v.guardSpikeFactor | quote }}
-- --guard-window={{ int $v.guardWindow }}
-- --guard-suspect-trips={{ int $v.guardSuspectTrips }}
-- --metrics-port={{ int $v.metricsPort }}
-- {{ printf "--metrics-linger=%v" $v.metricsLinger | quote }}
-- {{ printf "--device=%s" $v.device | quote }}
-- {{ printf "--entrypoint=%s" $v.entrypoint | quote }}
+{{ include "trainer.settingArgs" . }}
 {{- /* `$` doubled, as for entrypointArgs: each argument reaches the trainer exactly as written. */}}
-{{- range $v.extraTrainerArgs }}
+{{- range .Values.extraTrainerArgs }}
 - {{ replace "$" "$$" . | quote }}
 {{- end }}
 {{- end }}
@@ -203,16 +170,6 @@ the kubelet expands `$(VAR)` in args and reads `$$` as `$`, so each reaches the 
 - {{ replace "$" "$$" . | quote }}
 {{- end }}
 {{- end }}
-{{- end }}
-
-{{/* The reference model's options (trainer/reference/config.py REFERENCE_CHART_TABLE). */}}
-{{- define "trainer.referenceArgs" -}}
-{{- $v := .Values -}}
-- --data-path=$(DATA_PATH)
-- {{ printf "--preset=%s" $v.preset | quote }}
-- --seq-len={{ int $v.seqLen }}
-- --micro-batch-size={{ int $v.microBatchSize }}
-- {{ printf "--lr=%v" $v.lr | quote }}
 {{- end }}
 
 {{/*

@@ -230,11 +230,15 @@ NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors 
 {{- if gt (float64 $v.ftRankHeartbeatTimeout) (float64 $v.ftInitialRankHeartbeatTimeout) }}
 {{- fail (printf "timeouts must nest: ftRankHeartbeatTimeout (%v s) must not exceed ftInitialRankHeartbeatTimeout (%v s); see values.yaml" $v.ftRankHeartbeatTimeout $v.ftInitialRankHeartbeatTimeout) }}
 {{- end }}
+{{- /* null: the trainer's own default (min(10 s, inprocessHardTimeout), trainer/resilience/timeouts.py),
+     checked by the check-config init container. */}}
+{{- if not (kindIs "invalid" $v.inprocessLivenessTimeout) }}
 {{- if gt (float64 $v.inprocessLivenessTimeout) (float64 $v.inprocessHardTimeout) }}
 {{- fail (printf "timeouts must nest: inprocessLivenessTimeout (%v s) must not exceed inprocessHardTimeout (%v s); see values.yaml" $v.inprocessLivenessTimeout $v.inprocessHardTimeout) }}
 {{- end }}
 {{- if le (float64 $v.inprocessLivenessTimeout) 1.0 }}
 {{- fail (printf "inprocessLivenessTimeout (%v s) must exceed the Wrapper's 1 s heartbeat interval" $v.inprocessLivenessTimeout) }}
+{{- end }}
 {{- end }}
 {{- include "trainer.requireIncreasing" (list
       (list "ftWorkloadCheckInterval" $v.ftWorkloadCheckInterval)
@@ -244,9 +248,11 @@ NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors 
       (list "ftRankHeartbeatTimeout" $v.ftRankHeartbeatTimeout)) }}
 {{- /* The calculated hang timeout (trainer/resilience/hangtimeout.py) acts only after a lost node was
      noticed (liveness) and is checked at least once before it runs out. */}}
+{{- if not (kindIs "invalid" $v.inprocessLivenessTimeout) }}
 {{- include "trainer.requireIncreasing" (list
       (list "inprocessLivenessTimeout" $v.inprocessLivenessTimeout)
       (list "hangTimeoutFloor" $v.hangTimeoutFloor)) }}
+{{- end }}
 {{- include "trainer.requireIncreasing" (list
       (list "ftWorkloadCheckInterval" $v.ftWorkloadCheckInterval)
       (list "hangTimeoutFloor" $v.hangTimeoutFloor)) }}
