@@ -6,6 +6,12 @@ five steps apart, the zygote, the metrics exporter, a worker, ft_launcher, the r
 pod's main process (tools/podkill.py). Each test reads its kill from that run: what noticed it, what was
 restarted, and the wall time it added against the session's fault-free run of the same values
 (tests/trainer/launcher/conftest.py); the run ends bitwise equal to that one.
+
+In `make soak`, not `make test`: the run takes 4-5 minutes on 2 cores, a third of the suite's budget.
+`make test` keeps what each kill relies on: the zygote's death with its workers training on
+(tests/trainer/launcher/test_prefork.py), its restart and ft_launcher's (test_supervise.py), the
+exporter's restart (tests/trainer/events/), the rendezvous service's and ft_launcher's loss in the shared
+run of test_no_single_point.py, and the main process's as the node loss every node-loss test makes.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from tests.trainer.launcher.pods import PODS_CFG, pods_data
 from tools import podkill
 from trainer.events.metrics import read_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 SCENARIO = "kills/each-process"
 WINDOW = 5

@@ -26,7 +26,7 @@ def _trainer(rank: int, token_file: Path, out: Path, port: int, monkeypatch: pyt
         "MASTER_PORT": str(port + 2), "TRAINER_PG_PORT": str(port), "TRAINER_INPROCESS_PORT": str(port + 1),
     }.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    cfg = config_from_args(["--out-dir", str(out), "--device=cpu"], env={})
+    cfg = config_from_args(["--out-dir", str(out), "--device=cpu", "--metrics-port=0"], env={})
     return Trainer(cfg, lambda job: None)
 
 
