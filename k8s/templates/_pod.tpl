@@ -90,6 +90,7 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 {{- end }}
 - --fault-seed={{ int $v.faultSeed }}
 - --max-repeated-faults={{ int $v.maxRepeatedFaults }}
+- --straggler-policy={{ $v.stragglerPolicy }}
 - --metrics-port={{ int $v.metricsPort }}
 - {{ printf "--metrics-linger=%v" $v.metricsLinger | quote }}
 - {{ printf "--device=%s" $v.device | quote }}
@@ -431,6 +432,14 @@ podFailurePolicy:
       onPodConditions:
         - type: DisruptionTarget
           status: "True"
+    {{- /* A straggler evicted into a hot spare (trainer/resilience/straggler.py EVICTED_EXIT): replaced,
+    not counted, like a node loss. */}}
+    - action: Ignore
+      onExitCodes:
+        containerName: trainer
+        operator: In
+        values:
+          - 95
     {{- with $v.failJobExitCodes }}
     {{- /* No containerName: the rule covers the check-config init container too. */}}
     - action: FailJob

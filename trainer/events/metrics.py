@@ -38,6 +38,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "snapshot": ("step", "blocked_s", "copy_s", "bytes"),
     "replica": ("step", "holder", "bytes", "send_s", "ok"),
     "data_position_unsaved": ("data",),
+    "straggler": ("step", "node", "ranks", "score", "history", "policy", "action", "reason"),
 }
 COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
 
@@ -354,9 +355,22 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
             for r in restores
         ],
         "faults": fault_reports,
+        "stragglers": [straggler_line(e) for e in by_ev.get("straggler", [])],
         "loss_s": loss,
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
+    }
+
+
+def straggler_line(e: dict[str, Any]) -> dict[str, Any]:
+    """A `straggler` event as the summary and the live metrics keep it."""
+    return {
+        "step": int(e["step"]),
+        "node": int(e["node"]),
+        "score": float(e["score"]),
+        "history": float(e["history"]),
+        "action": str(e["action"]),
+        "reason": str(e["reason"]),
     }
 
 

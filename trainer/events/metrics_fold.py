@@ -138,6 +138,7 @@ class RunFold:
         self.detections_rank0: dict[str, int] = {}
         self.faults: list[dict[str, Any]] = []  # every fault_injected, compact
         self.restores_all: list[tuple[float, int, str | None]] = []
+        self.stragglers: list[dict[str, Any]] = []  # every `straggler` finding (rare: one per window)
         self._reset_steps()
 
     def _reset_steps(self) -> None:
@@ -206,6 +207,10 @@ class RunFold:
             self.failed += 1
         elif ev == "ckpt_skipped":
             self.skipped += 1
+        elif ev == "straggler":
+            from trainer.events.metrics import straggler_line
+
+            self.stragglers.append(straggler_line(e))
         elif rank0 and ev == "run_start":
             if self.world_size is None or t >= self.world_size[0]:
                 self.world_size = (t, int(e["world_size"]))

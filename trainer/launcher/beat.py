@@ -14,7 +14,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from trainer.resilience.liveness import BEAT_INTERVAL_S, liveness_key, store_client
+from trainer.resilience.liveness import (
+    BEAT_INTERVAL_S,
+    STANDBY_COUNT_KEY,
+    liveness_key,
+    standby_key,
+    store_client,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +44,10 @@ def rdzv_endpoint(argv: list[str]) -> str | None:
 
 class LauncherBeat:
     """The launcher's beat for its node: `serve(cycle, group_rank)` after each rendezvous that made this
-    node active, `pause()` when it enters the next one. The thread starts with the first `serve`."""
+    node active, `pause()` when it enters the next one. While paused it beats under its standby slot
+    instead (`standby_key`): a hot spare waits in the rendezvous for the whole run, and a straggler's node
+    asks whether one does before it leaves (trainer/resilience/straggler.py). The thread starts with the
+    first `pause` or `serve`."""
 
     def __init__(
         self,
@@ -56,21 +65,27 @@ class LauncherBeat:
         self._io_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._standby: str | None = None
 
     def serve(self, cycle: int, group_rank: int) -> None:
         with self._lock:
             self._key = liveness_key(cycle, group_rank)
         self._beat_once()  # before the workers start: a peer never sees this round's key missing
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="trainer-liveness-beat", daemon=True)
-            self._thread.start()
+        self._start()
 
     def pause(self) -> None:
         with self._lock:
             self._key = None
+        self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainer-liveness-beat", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
-        self.pause()
+        with self._lock:
+            self._key = None
         self._stop.set()
 
     def _run(self) -> None:
@@ -80,8 +95,6 @@ class LauncherBeat:
     def _beat_once(self) -> None:
         with self._lock:
             key = self._key
-            if key is None:
-                return
             self._count += 1
             count = self._count
         # The store I/O runs outside _lock, so that pause() (the agent entering a rendezvous) never waits
@@ -91,6 +104,10 @@ class LauncherBeat:
             try:
                 if self._store is None:
                     self._store = self._store_factory(self.endpoint)
+                if key is None:  # in a rendezvous: a standby for as long as it waits there
+                    if self._standby is None:
+                        self._standby = standby_key(int(self._store.add(STANDBY_COUNT_KEY, 1)))
+                    key = self._standby
                 self._store.set(key, str(count))
             except Exception as exc:  # the store host is gone or slow: the job restarts anyway; try again
                 log.debug("liveness beat %s failed: %s", key, exc)

@@ -1,6 +1,6 @@
 """Deterministic fault injection, off by default.
 
-A fault is `KIND:step=N[:rank=R][:node=K]` given with `--fault` (repeatable) or in TRAINER_FAULTS
+A fault is `KIND:step=N[:rank=R][:node=K][:factor=F]` given with `--fault` (repeatable) or in TRAINER_FAULTS
 (';'-separated). `rank=random` draws the rank from `--fault-seed`, so a run is reproducible. Each fault
 fires at most once per run, even across restarts: the firing rank first creates a marker file under
 `<out-dir>/faults/` with O_EXCL, then fires; a restarted process finds the marker and skips it. A node-loss
@@ -19,6 +19,10 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
                   a storage error would: through CheckpointHooks.after_write); training goes on
     repeat-exception  rank R raises InjectedFault at the start of step N on every attempt, like a
                   deterministic bug (no marker): what the repeated-fault bound (--max-repeated-faults) stops
+    slow          from step N on, rank R (or, with node=K, every rank of node K) is `factor` times slower:
+                  after its step it sleeps (F - 1) x the step's own time (trainer/resilience/straggler.py
+                  finds it). Bound to the pod that first fired it (its marker names the pod), so the spare
+                  that takes the node's place after an eviction is not slow.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ FaultKind = Literal[
     "ckpt-corrupt",
     "ckpt-write-error",
     "repeat-exception",
+    "slow",
 ]
 IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
@@ -64,6 +69,10 @@ class FaultSpec:
     step: int
     rank: int = 0
     node: int = 0
+    factor: float = 1.0
+    """How many times slower a `slow` fault makes its ranks (> 1; 1 for every other kind)."""
+    by_node: bool = False
+    """A `slow` fault given with node=K (every rank of the node), not rank=R."""
 
     @property
     def key(self) -> str:
@@ -71,7 +80,8 @@ class FaultSpec:
         return f"{self.kind}-step{self.step}-rank{self.rank}-node{self.node}"
 
     def __str__(self) -> str:
-        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
+        text = f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
+        return f"{text}:factor={self.factor:g}" if self.kind == "slow" else text
 
 
 def parse_fault(text: str) -> FaultSpec:
@@ -87,13 +97,19 @@ def parse_fault(text: str) -> FaultSpec:
     fields: dict[str, str] = {}
     for part in parts[1:]:
         name, sep, value = part.partition("=")
-        if not sep or name not in ("step", "rank", "node") or name in fields:
+        if not sep or name not in ("step", "rank", "node", "factor") or name in fields:
             raise ValueError(
-                f"bad part {part!r} in {text!r}; expected step=N, rank=R|random, node=K once each"
+                f"bad part {part!r} in {text!r}; expected step=N, rank=R|random, node=K, factor=F once each"
             )
         fields[name] = value
     if "step" not in fields:
         raise ValueError(f"{text!r} needs step=N")
+    if (kind == "slow") != ("factor" in fields):
+        raise ValueError(
+            f"factor: {'slow needs factor=F' if kind == 'slow' else 'only slow takes it'} in {text!r}"
+        )
+    if kind == "slow" and "rank" in fields and "node" in fields:
+        raise ValueError(f"node: slow takes rank=R or node=K, not both, in {text!r}")
 
     def as_int(name: str, low: int) -> int:
         raw = fields[name].lstrip("-")
@@ -106,7 +122,29 @@ def parse_fault(text: str) -> FaultSpec:
 
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
-    return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node)
+    factor = _factor(fields["factor"], text) if "factor" in fields else 1.0
+    return FaultSpec(
+        kind=cast(FaultKind, kind),
+        step=as_int("step", 0),
+        rank=rank,
+        node=node,
+        factor=factor,
+        by_node=kind == "slow" and "node" in fields,
+    )
+
+
+SLOW_FACTOR_MAX = 100.0
+
+
+def _factor(raw: str, text: str) -> float:
+    """A slow fault's factor: a plain decimal number (no exponent, sign, inf or nan), 1 < F <= 100."""
+    digits = raw.replace(".", "", 1)
+    if not (raw and digits and digits.isascii() and digits.isdigit()):
+        raise ValueError(f"factor must be a decimal number in {text!r}, got {raw!r}")
+    value = float(raw)
+    if not 1.0 < value <= SLOW_FACTOR_MAX:
+        raise ValueError(f"factor must be > 1 and <= {SLOW_FACTOR_MAX:g} in {text!r}, got {raw}")
+    return value
 
 
 def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> list[FaultSpec]:
@@ -119,7 +157,7 @@ def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> lis
             raise ValueError(
                 f"{spec.kind}:step={spec.step}: rank {rank} does not exist (world size {world_size})"
             )
-        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node))
+        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node, spec.factor, spec.by_node))
     return out
 
 
@@ -139,11 +177,46 @@ class FaultInjector:
         self.marker_dir = marker_dir
         self.emit = emit
         self.specs = [s for s in specs if self._targets_me(s)]
+        self._slow_pods: dict[str, bool] = {}
 
     def _targets_me(self, spec: FaultSpec) -> bool:
-        if spec.kind == "node-loss":
+        if spec.kind == "node-loss" or spec.by_node:
             return spec.node == self.node
         return spec.rank == self.rank
+
+    def slow_factor(self, step: int) -> float:
+        """How many times slower this rank is at `step` (1.0: not slow). A slow fault holds from its step
+        on for the pod that first fired it: its marker names that pod (`pod_identity`), and a rank of
+        another pod (the spare that took the node's place) finds someone else's marker and is not slow.
+        The rank that claims it first emits `fault_injected`."""
+        factor = 1.0
+        for spec in self.specs:
+            if spec.kind != "slow" or step < spec.step:
+                continue
+            mine = self._slow_pods.get(spec.key)
+            if mine is None:
+                mine, first = self._claim_slow(spec)
+                self._slow_pods[spec.key] = mine
+                if first:  # once per run, not again from a restarted process of the same pod
+                    self.emit(spec.kind, step)
+            if mine:
+                factor = max(factor, spec.factor)
+        return factor
+
+    def _claim_slow(self, spec: FaultSpec) -> tuple[bool, bool]:
+        """(this pod is the slow one, this call made it so)."""
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        path = self.marker_dir / f"{spec.key}-node{self.node}"
+        pod = pod_identity()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(pod, encoding="ascii")
+        try:
+            os.link(tmp, path)  # whole or absent: a neighbour rank never reads a half-written marker
+        except FileExistsError:
+            return path.read_text(encoding="ascii", errors="replace").strip() == pod, False
+        finally:
+            tmp.unlink()
+        return True, True
 
     def _claim(self, spec: FaultSpec) -> bool:
         """True once per run: create the marker file exclusively (a restarted process finds it).
@@ -173,7 +246,7 @@ class FaultInjector:
             if spec.kind == "repeat-exception" and spec.step == step:
                 self.emit(spec.kind, step)
                 raise InjectedFault(f"injected {spec} (every attempt)")
-            if spec.kind in IN_SAVE_KINDS or spec.step != step or not self._claim(spec):
+            if spec.kind in (*IN_SAVE_KINDS, "slow") or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
             if spec.kind == "exception":
@@ -217,6 +290,18 @@ def _launcher_round() -> str:
     launcher = os.environ.get(LAUNCHER_ID_ENV, "")
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"{launcher}/{count}" if launcher else count
+
+
+def pod_identity() -> str:
+    """This process's pod: its host name and the pod's main process (the supervisor, or else the launcher
+    agent), which outlive worker restarts and launcher restarts within the pod, and differ between pods
+    (several local pods share one host)."""
+    import socket
+
+    from trainer.launcher.supervise import SUPERVISOR_PID_ENV
+
+    main = os.environ.get(SUPERVISOR_PID_ENV, "") or str(os.getppid())
+    return f"{socket.gethostname()}/{main}"
 
 
 def _marker_round(path: Path) -> str | None:

@@ -27,6 +27,7 @@ from trainer.events import spans
 from trainer.recovery.restore import restore_attempt
 from trainer.runtime.faults import corrupt_checkpoint
 from trainer.runtime.preflight import job_config
+from trainer.runtime.straggler_watch import StragglerWatch
 
 if TYPE_CHECKING:
     from trainer.config.train_config import TrainConfig
@@ -179,7 +180,7 @@ class RunningJob(Job):
         self._heartbeat.start()
         # iter() after the restore: a DataLoader's iterator starts at the restored position
         batches = cast(Iterator[Batch], data) if hasattr(data, "__next__") else iter(data)
-        loss_buf = torch.zeros(1, device=self.device)
+        watch = StragglerWatch(self._cfg, self._proc, events, faults, self.device)
         for step in range(loop_state.step + 1, steps):
             faults.at_step(step, corrupt_newest=self._corrupt_newest)
             t_start = time.time()
@@ -192,20 +193,22 @@ class RunningJob(Job):
             self._loss, self._tokens = None, None
             yield step, batch
             logged = self._loss is not None
-            if self._loss is not None:
-                loss_buf.copy_(self._loss.to(loss_buf.device, torch.float32).reshape(1))
-            else:
-                loss_buf.zero_()
-            dist.all_reduce(loss_buf)  # mean loss over ranks for the log (and a per-step liveness check)
-            loop_state.step = self.last_step = step
+            watch.arrive(step, t_start, self._loss)
+            t_reduce = time.time()
+            # The mean loss over ranks for the log, every rank's step timings (the straggler watch), and a
+            # per-step liveness check, in one collective.
+            dist.all_reduce(watch.buffer)
+            loss = watch.buffer[0].item()
             t_end = time.time()
+            watch.reduced(step, t_end - t_reduce)
+            loop_state.step = self.last_step = step
             if self.rank == 0:
                 events.emit(
                     "step",
                     step=step,
                     t_start=t_start,
                     t_end=t_end,
-                    loss=loss_buf.item() / self.world_size if logged else math.nan,
+                    loss=loss / self.world_size if logged else math.nan,
                     tokens=_tokens(batch, self.world_size)
                     if self._tokens is None
                     else self._tokens * self.world_size,
