@@ -175,7 +175,7 @@ SCENARIOS: dict[str, PodsScenario] = {
         ),
         # Found after WARMUP + WINDOW steps of the attempt (trainer/resilience/straggler.py), evicted
         # with the spare standing by; the rest of the run at full speed.
-        PodsScenario("straggler/evict", 2, 1, 1, ("slow:step=3:node=1:factor=3",), snapshots=True, steps=20),
+        PodsScenario("straggler/evict", 2, 1, 1, ("slow:step=3:node=1:factor=3",), snapshots=True, steps=40),
     )
 }
 

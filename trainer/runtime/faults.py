@@ -80,8 +80,10 @@ class FaultSpec:
         return f"{self.kind}-step{self.step}-rank{self.rank}-node{self.node}"
 
     def __str__(self) -> str:
-        text = f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
-        return f"{text}:factor={self.factor:g}" if self.kind == "slow" else text
+        if self.kind == "slow":
+            who = f"node={self.node}" if self.by_node else f"rank={self.rank}"
+            return f"slow:step={self.step}:{who}:factor={self.factor:g}"
+        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
 
 
 def parse_fault(text: str) -> FaultSpec:

@@ -24,14 +24,11 @@ from typing import Any
 import pytest
 
 from bench import recovery_pods
-from bench.recovery_pods import PodsConfig, PodsScenario
+from tests.trainer._pods import PODS_CFG, PODS_STEPS
 
 pytestmark = pytest.mark.slow
 
-# rdzvLastCallTimeout 1 s, the chart's default: a survivor that stops its workers a moment after the
-# spare is ready still rejoins before the round closes (with 0, the demo's value, the spare can take its
-# place and the survivor's snapshots sit on a standby node: seen once, the ranks then restored nothing).
-CFG = PodsConfig(last_call_s=1)
+CFG = PODS_CFG
 
 
 def _final_state(out: Path) -> str:
@@ -44,16 +41,16 @@ def _final_state(out: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def runs(
+    tmp_path_factory: pytest.TempPathFactory, pods_clean_run: tuple[dict[str, Any], Path]
+) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("no-spof")
     data = recovery_pods.make_data(work / "tokens.npy", CFG)
     faulted = recovery_pods.SCENARIOS["compound/host-rendezvous-launcher"]
-    clean = PodsScenario(
-        "clean", faulted.nodes, faulted.spares, faulted.nproc, (), snapshots=True, steps=faulted.steps
-    )
+    assert (faulted.nodes, faulted.spares, faulted.nproc, faulted.steps) == (2, 1, 1, PODS_STEPS)
     return {
         "faulted": (recovery_pods.run_once(faulted, CFG, work / "faulted", data), work / "faulted"),
-        "clean": (recovery_pods.run_once(clean, CFG, work / "clean", data), work / "clean"),
+        "clean": pods_clean_run,
     }
 
 
