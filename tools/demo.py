@@ -302,6 +302,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "planner_lost": prediction["lost"],
         "loss_breakdown_s": loss_terms(summary),
         "slow_steps": summary["slow_steps"],
+        "stragglers": summary.get("stragglers", []),
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
             "stall_median_s": stall["median"],
@@ -431,6 +432,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         "MTTR and stall)",
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
         *describe_slow_steps(r["slow_steps"]),
+        *describe_stragglers(r.get("stragglers", [])),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
     ]
@@ -446,6 +448,17 @@ def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
         f"{slow['over_median_s']:.1f} s beyond the median step ({slow['median_s']:.2f} s), inside the "
         "productive time (what else ran on the same cores: new processes' helpers starting, background "
         "checkpoint writes)"
+    ]
+
+
+def describe_stragglers(found: list[dict[str, Any]]) -> list[str]:
+    """One line per straggler finding (trainer/resilience/straggler.py): the node, how much slower than its
+    peers, and what the policy did."""
+    done = {"evict": "evicted into the hot spare", "report": "reported"}
+    return [
+        f"straggler     node {f['node']} at step {f['step']}: {f['score']:.2f}x its peers' step time "
+        f"({f['history']:.2f}x its own first window); {done.get(f['action'], f['action'])} ({f['reason']})"
+        for f in found
     ]
 
 

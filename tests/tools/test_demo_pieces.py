@@ -110,3 +110,15 @@ def test_the_report_names_the_slow_steps_as_ranges() -> None:
     assert describe_slow_steps({"median_s": 0.5, "steps": [], "over_median_s": 0.0}) == []
     (line,) = describe_slow_steps({"median_s": 0.5, "steps": [0, 1, 7], "over_median_s": 4.25})
     assert line.startswith("slow steps    3 steps (0-1, 7) ran 4.2 s beyond the median step (0.50 s)"), line
+
+
+def test_the_report_has_a_line_per_straggler_saying_what_the_policy_did() -> None:
+    from tools.demo import describe_stragglers
+
+    assert describe_stragglers([]) == []
+    found = {"step": 9, "node": 1, "score": 2.76, "history": 2.5, "action": "evict"}
+    (evicted,) = describe_stragglers([{**found, "reason": "a hot spare stands by"}])
+    assert evicted.startswith("straggler     node 1 at step 9: 2.76x its peers' step time"), evicted
+    assert "evicted into the hot spare (a hot spare stands by)" in evicted
+    (reported,) = describe_stragglers([{**found, "action": "report", "reason": "no hot spare stands by"}])
+    assert "reported (no hot spare stands by)" in reported
