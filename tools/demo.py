@@ -98,7 +98,11 @@ def synthesize(teams_file: Path, team: dict[str, Any], out: Path) -> dict[str, A
 
 
 # -- 2. render -----------------------------------------------------------------------------------
-def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
+def render(
+    release: dict[str, Any], overrides: Path | list[Path], out: Path, sets: list[str] | None = None
+) -> PodTemplate:
+    """`helm template` with the synthesized values, then each values file of `overrides` in order, then
+    each `--set` of `sets`."""
     values_path = out / "values-synthesized.json"
     values_path.write_text(json.dumps(release["Values"], indent=2) + "\n")
     cmd = [
@@ -110,9 +114,12 @@ def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
         str(release.get("Namespace", "default")),
         "-f",
         str(values_path),
-        "-f",
-        str(overrides),
     ]
+    layered = out / "values-overrides.yaml"
+    layered.write_text(yaml.safe_dump(layer(overrides if isinstance(overrides, list) else [overrides])))
+    cmd += ["-f", str(layered)]
+    for item in sets or []:
+        cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"demo: helm template failed: {proc.stderr.strip()}")
@@ -124,6 +131,27 @@ def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
         f"image {release['Values']['image']['repository']}:{release['Values']['image']['tag'][:12]}..."
     )
     return pod
+
+
+def layer(paths: list[Path]) -> dict[str, Any]:
+    """The values files merged in order, as helm merges them, except that a null removes a key before
+    the chart's schema sees it (`faults: {soft: null}` drops the demo's soft fault)."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(base)
+        for key, value in over.items():
+            if value is None:
+                merged.pop(key, None)
+            elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = merge(merged[key], value)
+            else:
+                merged[key] = value
+        return merged
+
+    values: dict[str, Any] = {}
+    for path in paths:
+        values = merge(values, yaml.safe_load(path.read_text()) or {})
+    return values
 
 
 # -- 3. run --------------------------------------------------------------------------------------
@@ -488,8 +516,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--values",
         type=Path,
-        default=REPO / "tools/demo-values.yaml",
-        help="chart values layered over the synthesized ones",
+        action="append",
+        help="chart values layered over the synthesized ones, in order (repeatable; default "
+        "tools/demo-values.yaml)",
+    )
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="a helm --set after the values files"
     )
     parser.add_argument("--out", type=Path, default=REPO / "out/demo", help="output directory")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is abandoned")
@@ -501,8 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     team = default_team(args.teams.resolve())
     say(f"1/4 synthesize the environment of team '{team['name']}' ({args.teams})")
     release = synthesize(args.teams.resolve(), team, out)
-    say("2/4 render the trainer chart with the synthesized values + " + str(args.values))
-    pod = render(release, args.values.resolve(), out)
+    values = [p.resolve() for p in args.values or [REPO / "tools/demo-values.yaml"]]
+    say("2/4 render the trainer chart with the synthesized values + " + " + ".join(map(str, values)))
+    pod = render(release, values, out, args.sets)
     say("3/4 run the pod command locally (CPU, gloo)")
     job_ok = run_pods(pod, out, args.timeout)
     say("4/4 report")
