@@ -122,3 +122,24 @@ def test_the_report_has_a_line_per_straggler_saying_what_the_policy_did() -> Non
     assert "evicted into the hot spare (a hot spare stands by)" in evicted
     (reported,) = describe_stragglers([{**found, "action": "report", "reason": "no hot spare stands by"}])
     assert "reported (no hot spare stands by)" in reported
+
+
+def test_values_files_layer_in_order_and_a_null_drops_a_key(tmp_path: Path) -> None:
+    from tools.demo import layer
+
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "steps: 60\nfaults:\n  soft: exception:step=17:rank=1\n  hard: node-loss:step=37:node=0\n"
+    )
+    over = tmp_path / "over.yaml"
+    over.write_text("faults:\n  soft: null\n  slow: slow:step=5:node=1:factor=3\nstragglerPolicy: report\n")
+    assert layer([base, over]) == {
+        "steps": 60,
+        "faults": {"hard": "node-loss:step=37:node=0", "slow": "slow:step=5:node=1:factor=3"},
+        "stragglerPolicy": "report",
+    }
+    # The project's own overlays render: the straggler demo has the slow fault and only it.
+    repo = Path(__file__).resolve().parents[2] / "tools"
+    straggler = layer([repo / "demo-values.yaml", repo / "demo-straggler.yaml"])
+    assert straggler["faults"] == {"slow": "slow:step=5:node=1:factor=3"}
+    assert layer([repo / "demo-values.yaml", repo / "demo-fault-free.yaml"])["faults"] == {}
