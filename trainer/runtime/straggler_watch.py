@@ -79,7 +79,7 @@ class StragglerWatch:
         """The collective returned after `wait_s`: score the step's figures and act on a finding."""
         self._wait = wait_s
         world = self.proc.world_size
-        figures = self.buffer[1:].tolist()
+        figures = self.buffer[1:].to("cpu", torch.float64)
         finding = self.scorer.add(step, figures[:world], figures[world:])
         if finding is not None and self.proc.rank == finding.ranks[0]:
             self._act(finding)

@@ -135,3 +135,19 @@ def test_the_report_policy_never_evicts() -> None:
         "report",
         "policy is report",
     )
+
+
+def test_the_peers_median_without_each_node_is_the_median_of_the_others() -> None:
+    import random
+    import statistics
+
+    import torch
+
+    from trainer.resilience.straggler import medians_without_each
+
+    rng = random.Random(7)
+    for n in range(2, 12):
+        values = [rng.random() for _ in range(n)]
+        got = medians_without_each(torch.tensor(values, dtype=torch.float64)).tolist()
+        want = [statistics.median(values[:i] + values[i + 1 :]) for i in range(n)]
+        assert got == pytest.approx(want)
