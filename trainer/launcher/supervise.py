@@ -34,9 +34,8 @@ is being stopped is never restarted. SIGUSR1 comes from the pod's own worker whe
 evicts this node (trainer/runtime/straggler_watch.py): ft_launcher is SIGKILLed (as a node loss would, so
 it neither stops the job's rendezvous nor waits for its workers), its leftovers are ended, and the pod
 exits `EVICTED_EXIT`, which the chart's podFailurePolicy does not count; the hot spare takes its place.
-The supervisor leads the pod's process group, as the exec'd
-ft_launcher did, so the node-loss fault (trainer/runtime/faults.py) still kills the whole pod through
-`SUPERVISOR_PID_ENV`.
+The supervisor leads the pod's process group, as the exec'd ft_launcher did, so the node-loss fault
+(trainer/runtime/faults.py) still kills the whole pod through `SUPERVISOR_PID_ENV`.
 """
 
 from __future__ import annotations
