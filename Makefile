@@ -111,8 +111,10 @@ lint: setup ## ruff and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy infra trainer goodput
 
-demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU, report
-	$(PY) -m tools.demo --teams $(TEAMS)
+demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU (on the real control plane once it is built), report
+	@# Built once (make controlplane, make test): kept up to date, then used; never built by the demo itself
+	@if [ -f $(CONTROLPLANE_BIN)/.built ]; then $(MAKE) --no-print-directory controlplane; fi
+	$(PY) -m tools.demo_cluster --teams $(TEAMS) --stand-in-unless-built
 
 demo-cluster: setup controlplane ## The demo's run as a Job of the installed chart on a real control plane (tools/controlplane) and a process kubelet
 	$(PY) -m tools.demo_cluster --teams $(TEAMS)

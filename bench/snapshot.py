@@ -12,8 +12,9 @@ measures with the real trainer.snapshot code:
                  next snapshot has to wait for them);
                  blocked_over_floor is the median of each snapshot's ratio to the floor copy before it;
 - commit_s:      that background part (CRC32 of the payload + header), measured by the following wait();
-- restore memory: offers (headers) + load + set_state_dict, same process (tier 1): the slot this process
-                 committed is its own memory, its payload is not checksummed again (store.offers);
+- restore memory: offers (headers) + load + set_state_dict, same process (tier 1): the load checks the
+                 payload's XXH3-128 first, the process's own slot included (bench.restore_verify
+                 measures what that check adds);
 - restore shm:   the same from a fresh SnapshotStore on the files (what a restarted worker does): the
                  load checks the payload's XXH3-128 before copying it;
 - restore_over_floor: each restore from memory or shm against a floor copy beside it (the issue's

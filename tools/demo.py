@@ -44,7 +44,8 @@ TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)
 REPLACE_DELAY_S = 20.0
 STAND_IN_NOTE = (
     "this run used the local stand-in (tools/localjob.py plays the Job controller and the rendezvous "
-    "Deployment); `make demo-cluster` runs it on a real control plane"
+    "Deployment); `make demo-cluster` runs it on a real control plane, and so does `make demo` once "
+    "`make controlplane` (or `make test`) has built one"
 )
 
 

@@ -51,7 +51,7 @@ from kubernetes import client, config
 
 from tools import demo
 from tools.cluster_smoke import fullname as cs_fullname
-from tools.controlplane.launch import ControlPlane, running_control_plane
+from tools.controlplane.launch import ControlPlane, ControlPlaneError, binaries, running_control_plane
 from tools.kubelet.kubelet import ProcessKubelet
 from tools.kubelet.nodes import gpu_node, system_node
 from trainer.runtime.ports import free_port
@@ -350,6 +350,15 @@ def compare(stand_in: Path, real: Path) -> str:
     return "\n".join(f"{r[0]:<{width}}  {r[1]:<28}  {r[2]}" for r in rows)
 
 
+def control_plane_built() -> bool:
+    """Whether the four control-plane binaries are here (`make controlplane`, or `make test`, built them)."""
+    try:
+        binaries()
+    except ControlPlaneError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.demo_cluster", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -359,7 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "out/demo-cluster", help="output directory")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the run is abandoned")
     parser.add_argument("--compare", action="store_true", help="run the stand-in demo first, then compare")
+    parser.add_argument(
+        "--stand-in-unless-built",
+        action="store_true",
+        help="`make demo`: run on the real control plane when `make controlplane` has built it, else the "
+        "stand-in demo (tools/demo.py), which says so",
+    )
     args = parser.parse_args(argv)
+    if args.stand_in_unless_built and not control_plane_built():
+        return demo.main(["--teams", str(args.teams), "--values", str(args.values)])
     # A SIGTERM (a CI timeout, kill) unwinds like Ctrl-C: the kubelet's pods and the control plane stop.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     stand_in_rc = None

@@ -314,6 +314,19 @@ NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors 
 {{- fail (printf "shmSize: %s is above memoryLimit (%s); /dev/shm is memory and counts against the limit" $v.shmSize $v.memoryLimit) }}
 {{- end }}
 {{- end }}
+{{- /* A request above its limit: the API server refuses the pod (or the Deployment's pods, later, with no
+     word to helm); refused here naming the pair. */}}
+{{- range $name, $res := dict "rendezvous.resources" $v.rendezvous.resources "helperResources" $v.helperResources }}
+{{- range $kind := list "cpu" "memory" }}
+{{- $request := index ($res.requests | default dict) $kind }}
+{{- $limit := index ($res.limits | default dict) $kind }}
+{{- if and $request $limit }}
+{{- if gt (include "trainer.quantityValue" (list (printf "%s.requests.%s" $name $kind) $request) | float64) (include "trainer.quantityValue" (list (printf "%s.limits.%s" $name $kind) $limit) | float64) }}
+{{- fail (printf "%s.requests.%s: %v is above %s.limits.%s (%v); Kubernetes refuses a request above its limit" $name $kind $request $name $kind $limit) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- /* The Service and the pods' subdomain need a DNS-1035 label; pod hostnames <name>-<index> a label. */}}
 {{- $fullname := include "trainer.fullname" . }}
 {{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $fullname) }}

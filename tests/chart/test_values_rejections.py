@@ -115,6 +115,18 @@ CANNOT_RUN = [
     ({"memoryRequest": "2G", "memoryLimit": "1900M"}, "memoryLimit: 1900M is below memoryRequest (2G)"),
     ({"memoryRequest": "1Gi", "memoryLimit": "1073741823"}, "memoryLimit: 1073741823 is below memoryRequest"),
     ({"memoryLimit": "600Gi", "shmSize": "700Gi"}, "shmSize: 700Gi is above memoryLimit (600Gi)"),
+    (
+        {"rendezvous": {"resources": {"requests": {"cpu": "8"}}}},
+        "rendezvous.resources.requests.cpu: 8 is above rendezvous.resources.limits.cpu (4)",
+    ),
+    (
+        {"rendezvous": {"resources": {"requests": {"memory": "3Gi"}}}},
+        "rendezvous.resources.requests.memory: 3Gi is above rendezvous.resources.limits.memory (2Gi)",
+    ),
+    (
+        {"helperResources": {"requests": {"cpu": "3"}}},
+        "helperResources.requests.cpu: 3 is above helperResources.limits.cpu (2)",
+    ),
     # Truncated to 40 characters, "smoke-" + 32 a's + "--b" ends in "-" even after one trimSuffix.
     (
         {"nameOverride": "a" * 32 + "--b"},

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+import tools.demo_cluster as demo_cluster
 from tools.demo_cluster import compare, lost_nodes, replacements
 
 
@@ -67,6 +68,31 @@ def test_compare_puts_the_two_reports_side_by_side(tmp_path: Path) -> None:
     rows = {line.split("  ")[0].strip(): line.split() for line in table[1:]}
     assert rows["node-loss@37 spare joined after"][-4:] == ["1.25", "s", "1.50", "s"]
     assert rows["training efficiency"][-2:] == ["93.0%", "91.0%"]
+
+
+@pytest.mark.parametrize("built", [False, True])
+def test_make_demo_runs_on_the_real_control_plane_once_it_is_built(
+    built: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(demo_cluster, "control_plane_built", lambda: built)
+    monkeypatch.setattr(demo_cluster.demo, "main", lambda argv: ran.append("stand-in") or 0)
+    monkeypatch.setattr(demo_cluster, "run", lambda *args: ran.append("real control plane") or 0)
+    assert demo_cluster.main(["--stand-in-unless-built", "--out", str(tmp_path)]) == 0
+    assert ran == ["real control plane" if built else "stand-in"]
+
+
+def test_the_control_plane_counts_as_built_only_with_all_four_binaries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tools.controlplane import launch
+
+    monkeypatch.setattr(launch, "DEFAULT_BIN_DIR", tmp_path)
+    for name in launch.BINARIES[:-1]:
+        (tmp_path / name).write_text("")
+    assert not demo_cluster.control_plane_built()
+    (tmp_path / launch.BINARIES[-1]).write_text("")
+    assert demo_cluster.control_plane_built()
 
 
 @pytest.mark.soak

@@ -91,6 +91,23 @@ def test_a_pods_processes_end_with_its_main_process_as_a_containers_do(tmp_path:
         pod.kill()
 
 
+def test_the_helpers_die_the_moment_the_main_process_does_not_at_the_next_poll(tmp_path: Path) -> None:
+    """Nobody polls this pod: its helper must still die with its main process, as in a container."""
+    pod = _pod(tmp_path, "orphaning", ORPHANING, str(tmp_path / "pids"))
+    pod.start()
+    try:
+        root, child = (int(p) for p in _wait_for(tmp_path / "pids").split())
+        deadline = time.monotonic() + 20
+        while _alive(root) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ended = time.monotonic()
+        while _alive(child) and time.monotonic() < ended + 5:
+            time.sleep(0.01)
+        assert not _alive(child), "a helper outlived its pod's main process"
+    finally:
+        pod.kill()
+
+
 def test_terminate_sends_sigterm_to_the_main_process(tmp_path: Path) -> None:
     code = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\n"
     code += "open(sys.argv[1], 'w').write('up')\ntime.sleep(600)\n"

@@ -77,6 +77,9 @@ class LocalTier:
         """The checkpoint directory's lineage (trainer/checkpoint/lease.py, set by the manager): steps
         sealed under another are another run's, or of a directory since deleted: never offered, pruned."""
         self.job = ""
+        self.damaged: list[tuple[int, str]] = []
+        """(step, why) of each sealed step whose files failed their sealed digests (`offers`), its seal
+        removed; the restore reports them (`restore_skipped`) and clears the list."""
 
     # ------------------------------------------------------------------------------------------ names
     def step_dir(self, step: int) -> Path:
@@ -156,6 +159,11 @@ class LocalTier:
         good, refused = [], []
         for step in self.sealed_steps():
             reason = self._problem(step, model_fingerprint)
+            if reason is None and (reason := self._content_problem(step)) is not None:
+                # Bytes that no longer match the digests sealed when they were written: this rank's seal
+                # goes (retention deletes the unsealed files), so no later restore verifies them again.
+                self.seal_path(step).unlink(missing_ok=True)
+                self.damaged.append((step, reason))
             if reason is None:
                 sha = ((self._read_seal(step) or {}).get("metadata") or {}).get("sha256")
                 good.append(LocalOffer(step, self.step_dir(step), sha if self.key is not None else None))
@@ -200,6 +208,11 @@ class LocalTier:
             return f"world size {seal.get('world_size')}, this run has {self.world_size}"
         if seal.get(layout.FINGERPRINT) != model_fingerprint:
             return f"another model (fingerprint {seal.get(layout.FINGERPRINT)})"
+        return None
+
+    def _content_problem(self, step: int) -> str | None:
+        """Why this rank's files of a sealed step (seal checked by `_problem`) differ from it, or None."""
+        seal = self._read_seal(step) or {}
         listed = {
             **seal["files"],
             METADATA: seal["metadata"],

@@ -31,6 +31,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "fault_detected": ("tier", "reason"),
     "restore": ("step", "path", "load_s"),
     "ckpt_skipped": ("path", "reason"),
+    "restore_skipped": ("source", "step", "reason"),
     "ckpt_save": ("step", "blocked_s", "mode", "bytes"),
     "ckpt_commit": ("step", "path", "total_s"),
     "ckpt_failed": ("step", "reason"),
@@ -354,12 +355,21 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
             {"step": r["step"], "path": r["path"], "load_s": r["load_s"], "source": r.get("source")}
             for r in restores
         ],
+        "restore_skipped": restore_skipped(by_ev.get("restore_skipped", [])),
         "faults": fault_reports,
         "stragglers": [straggler_line(e) for e in by_ev.get("straggler", [])],
         "loss_s": loss,
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
     }
+
+
+def restore_skipped(events: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Copies passed over at a restore because they failed their check, per source (every rank's)."""
+    counts: dict[str, int] = {}
+    for e in events:
+        counts[str(e["source"])] = counts.get(str(e["source"]), 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def straggler_line(e: dict[str, Any]) -> dict[str, Any]:

@@ -333,6 +333,14 @@ def _checkpoint_families(fold: RunFold, first_t: float | None, now: float) -> It
         "Checkpoints passed over at resume (incomplete or corrupt)",
         fold.skipped,
     )
+    copies = CounterMetricFamily(
+        "trainer_restore_copies_skipped_total",
+        "Copies of a rank's state that failed their digest check at a restore and were passed over",
+        labels=["source"],
+    )
+    for source, n in sorted(fold.restore_skipped.items()):
+        copies.add_metric([source], float(n))
+    yield copies
     yield _counter(
         "trainer_checkpoint_failures_total",
         "Checkpoint saves that failed (nothing committed, training went on)",

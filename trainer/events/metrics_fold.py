@@ -134,6 +134,7 @@ class RunFold:
         self.last_commit: tuple[float, int] | None = None
         self.failed = 0
         self.skipped = 0
+        self.restore_skipped: dict[str, int] = {}  # source -> copies failing their check at a restore
         self.detections: list[tuple[float, int, str]] = []  # every rank's: (t, tier, reason)
         self.detections_rank0: dict[str, int] = {}
         self.faults: list[dict[str, Any]] = []  # every fault_injected, compact
@@ -207,6 +208,9 @@ class RunFold:
             self.failed += 1
         elif ev == "ckpt_skipped":
             self.skipped += 1
+        elif ev == "restore_skipped":
+            source = str(e["source"])
+            self.restore_skipped[source] = self.restore_skipped.get(source, 0) + 1
         elif ev == "straggler":
             from trainer.events.metrics import straggler_line
 

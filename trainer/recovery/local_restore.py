@@ -82,6 +82,8 @@ class LocalCandidates:
     """Steps every rank offers that are at least as new as the durable checkpoint, newest first."""
     refused: list[str]
     """This rank's local steps not offered, with why."""
+    damaged: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    """(step, why) of this rank's local steps whose files failed their sealed digests (quarantined)."""
 
     @property
     def newest(self) -> int:
@@ -108,6 +110,9 @@ def agree(ckpt: Any, state: dict[str, Any], durable: int, device: torch.device) 
     with or without a local tier)."""
     local = getattr(ckpt.manager, "local", None)
     offers, refused = local.offers(fingerprint(state)) if local is not None else ([], [])
+    damaged: list[tuple[int, str]] = []
+    if local is not None:
+        damaged, local.damaged = local.damaged, []
     for reason in refused:
         log.warning("local checkpoint not offered: %s", reason)
     mine = [o.step for o in offers][:OFFERED]
@@ -115,7 +120,9 @@ def agree(ckpt: Any, state: dict[str, Any], durable: int, device: torch.device) 
     rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
     dist.all_gather(rows, row)
     common = set.intersection(*({s for s in r.tolist() if s >= 0} for r in rows))
-    return LocalCandidates(offers, sorted((s for s in common if s >= durable), reverse=True), refused)
+    return LocalCandidates(
+        offers, sorted((s for s in common if s >= durable), reverse=True), refused, damaged
+    )
 
 
 def restore_local(

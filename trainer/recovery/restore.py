@@ -19,10 +19,18 @@ than the oldest of the ranks' newest sealed steps, or no snapshot loads.
 If any rank failed (a replica that fails its checksum once pulled, a peer gone meanwhile), that step is
 struck off and the group agrees again, down to the durable checkpoint: a rank never resumes at a step
 its peers do not.
+
+Every copy is checked against the digest taken when it was made before a byte of it is restored
+(docs/failure-domains.md lists each source's check). The newest own snapshot, the one a restore almost
+always loads, is checked before the agreement, its own process's memory (tier 1) included: a damaged one
+is not offered, so the same step comes from the next source (the peer's replica) if a peer holds it.
+A copy that fails is reported (`restore_skipped`, Contract 3) and quarantined where it lies, so no
+later restore meets it again; nothing is retried.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,7 +43,7 @@ from trainer.checkpoint import layout
 from trainer.events import spans
 from trainer.recovery import local_restore
 from trainer.recovery.local_restore import NONE
-from trainer.snapshot.store import Offer, SnapshotStore
+from trainer.snapshot.store import CorruptCopy, Offer, Rejected, SnapshotStore
 from trainer.state import codec
 from trainer.state.save_dict import apply_filled, build_save_dict
 
@@ -95,16 +103,19 @@ def restore(
     event itself, and applies the resume policy); a snapshot restore emits its own here.
     """
     t0 = time.perf_counter()
-    # Each slot's payload is checked by the load that reads it: one slot of the two is loaded.
+    # One slot of the two is loaded: the newest is checked now, the other by a load that reads it.
     offers, rejected = store.offers(verify_payload=False) if store is not None else ([], [])
+    offers, rejected = _verify_newest(store, offers, rejected)
     refused = [f"slot {r.slot}: {r.reason}" for r in rejected]
-    for reason in refused:
-        log.warning("snapshot not offered: %s", reason)
+    for r in rejected:
+        log.warning("snapshot not offered: slot %d: %s", r.slot, r.reason)
+        if r.corrupt:
+            skipped(events, "memory" if r.written_here else "shm", r.step, r.reason)
     spans.mark("offers")
     table = _Table.agree(offers, ckpt, rank, device, peers)
-    local = _LocalSource(ckpt, state, table, device, refused)
+    local = _LocalSource(ckpt, state, table, device, refused, events)
     tiers = _Tiers(store, peers)
-    snapshot, tried = _restore_snapshot(table, offers, tiers, state, rank, device, local, refused, t0)
+    snapshot, tried = _restore_snapshot(table, offers, tiers, state, rank, device, local, refused, t0, events)
     if snapshot is not None:
         step, source, path, load_s = snapshot
         events.emit("restore", step=step, path=path, load_s=load_s, source=source)
@@ -114,6 +125,27 @@ def restore(
         tiers.keep_up_to(from_local[0])
         return Restored(from_local[0], "local", from_local[1], from_local[2], [], refused)
     return _restore_durable(ckpt, state, table, tiers, tried, t0, refused)
+
+
+def skipped(events: Any, source: str, step: int, reason: str) -> None:
+    """A copy that failed its check (or its load) and was passed over for the next source."""
+    log.warning("restore: %s copy of step %d skipped: %s", source, step, reason)
+    events.emit("restore_skipped", source=source, step=step, reason=reason[:300])
+
+
+def _verify_newest(
+    store: SnapshotStore | None, offers: list[Offer], rejected: list[Rejected]
+) -> tuple[list[Offer], list[Rejected]]:
+    """The offers with the newest one's payload checked (or dropped into `rejected`, quarantined)."""
+    if store is None or not offers:
+        return offers, rejected
+    newest, rest = offers[0], offers[1:]
+    try:
+        store.verify(newest)
+    except CorruptCopy as exc:
+        bad = Rejected(newest.slot, str(exc), True, newest.header.step, newest.written_here)
+        return rest, [*rejected, bad]
+    return [dataclasses.replace(newest, payload_verified=True), *rest], rejected
 
 
 @dataclass(frozen=True)
@@ -164,15 +196,16 @@ class _LocalSource:
     all_gather) only once a local step could win: every rank decides alike, from the table."""
 
     def __init__(
-        self, ckpt: Any, state: dict[str, Any], table: _Table, device: torch.device, refused: list[str]
+        self,
+        ckpt: Any,
+        state: dict[str, Any],
+        table: _Table,
+        device: torch.device,
+        refused: list[str],
+        events: Any,
     ) -> None:
-        self._ckpt, self._state, self._table, self._device, self._refused = (
-            ckpt,
-            state,
-            table,
-            device,
-            refused,
-        )
+        self._ckpt, self._state, self._table, self._device = ckpt, state, table, device
+        self._refused, self._events = refused, events
         self._candidates: local_restore.LocalCandidates | None = None
 
     def candidates(self) -> local_restore.LocalCandidates:
@@ -181,6 +214,8 @@ class _LocalSource:
             could = self._table.local_bound >= max(durable, 0)
             found = local_restore.agree(self._ckpt, self._state, durable, self._device) if could else NONE
             self._refused.extend(found.refused)
+            for step, reason in found.damaged:
+                skipped(self._events, "local", step, reason)
             self._candidates = found
             spans.mark("local_agree")
         return self._candidates
@@ -214,6 +249,7 @@ def _restore_snapshot(
     local: _LocalSource,
     refused: list[str],
     t0: float,
+    events: Any,
 ) -> tuple[tuple[int, str, str, float] | None, bool]:
     """The newest snapshot step every rank restored, with this rank's source, slot path and the seconds
     since `t0` it took (None when none is at least as new as the durable and the local checkpoint, or
@@ -235,9 +271,13 @@ def _restore_snapshot(
         spans.mark("fetch")
         if isinstance(found, str):
             error: str | None = found
+            if tiers.peers is not None and tiers.peers.holds(step):  # a pulled copy failed, or its holder
+                skipped(events, "peer", step, found)
         else:
             source, source_store, offer = found
             error = _load_snapshot(source_store, offer, state, rank)
+            if error is not None:
+                skipped(events, source, step, error)
         ok = _all_succeeded(error is None, device)
         spans.mark("confirm")
         if ok:

@@ -19,6 +19,12 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
                   a storage error would: through CheckpointHooks.after_write); training goes on
     repeat-exception  rank R raises InjectedFault at the start of step N on every attempt, like a
                   deterministic bug (no marker): what the repeated-fault bound (--max-repeated-faults) stops
+    snapshot-corrupt  at the start of step N rank R flips bytes in its newest host-memory snapshot (its
+                  /dev/shm slot), then is killed: its restart finds the copy damaged and takes the next
+                  source (the peer's replica, the NVMe or the durable checkpoint)
+    replica-corrupt  from the start of step N the rank keeping rank R's peer replica damages every
+                  replica of R it holds and receives (memory gone bad at rest); a node loss of R's node
+                  then needs it (add `node-loss:step=M:node=K`, M > N)
     slow          from step N on, rank R (or, with node=K, every rank of node K) is `factor` times slower:
                   after its step it sleeps (F - 1) x the step's own time (trainer/resilience/straggler.py
                   finds it). Bound to the pod that first fired it (its marker names the pod), so the spare
@@ -46,6 +52,8 @@ FaultKind = Literal[
     "ckpt-corrupt",
     "ckpt-write-error",
     "repeat-exception",
+    "snapshot-corrupt",
+    "replica-corrupt",
     "slow",
 ]
 IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
@@ -184,6 +192,8 @@ class FaultInjector:
     def _targets_me(self, spec: FaultSpec) -> bool:
         if spec.kind == "node-loss" or spec.by_node:
             return spec.node == self.node
+        if spec.kind == "replica-corrupt":
+            return True  # fired by whichever rank keeps R's replica (at_step's `damage_replicas` says)
         return spec.rank == self.rank
 
     def slow_factor(self, step: int) -> float:
@@ -242,20 +252,35 @@ class FaultInjector:
         os.close(fd)
         return True
 
-    def at_step(self, step: int, *, corrupt_newest: Callable[[], object] | None = None) -> None:
-        """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one)."""
+    def at_step(
+        self,
+        step: int,
+        *,
+        corrupt_newest: Callable[[], object] | None = None,
+        corrupt_snapshot: Callable[[], object] | None = None,
+        damage_replicas: Callable[[int], object] | None = None,
+        keeps_replica_of: Callable[[int], bool] | None = None,
+    ) -> None:
+        """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one).
+        `keeps_replica_of(R)`: this rank keeps R's peer replica (a replica-corrupt fires there)."""
         for spec in self.specs:
             if spec.kind == "repeat-exception" and spec.step == step:
                 self.emit(spec.kind, step)
                 raise InjectedFault(f"injected {spec} (every attempt)")
+            if spec.kind == "replica-corrupt" and not (keeps_replica_of and keeps_replica_of(spec.rank)):
+                continue
             if spec.kind in (*IN_SAVE_KINDS, "slow") or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
             if spec.kind == "exception":
                 raise InjectedFault(f"injected {spec}")
-            if spec.kind == "ckpt-corrupt":
-                if corrupt_newest is not None:
-                    corrupt_newest()
+            if spec.kind == "replica-corrupt":
+                if damage_replicas is not None:
+                    damage_replicas(spec.rank)
+            elif spec.kind in ("ckpt-corrupt", "snapshot-corrupt"):
+                corrupt = corrupt_newest if spec.kind == "ckpt-corrupt" else corrupt_snapshot
+                if corrupt is not None:
+                    corrupt()
                 _kill_self(signal.SIGKILL)
             elif spec.kind == "sigkill":
                 _kill_self(signal.SIGKILL)

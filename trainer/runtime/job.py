@@ -182,7 +182,13 @@ class RunningJob(Job):
         batches = cast(Iterator[Batch], data) if hasattr(data, "__next__") else iter(data)
         watch = StragglerWatch(self._cfg, self._proc, events, faults, self.device)
         for step in range(loop_state.step + 1, steps):
-            faults.at_step(step, corrupt_newest=self._corrupt_newest)
+            faults.at_step(
+                step,
+                corrupt_newest=self._corrupt_newest,
+                corrupt_snapshot=self._corrupt_snapshot,
+                damage_replicas=self._damage_replicas,
+                keeps_replica_of=self._keeps_replica_of,
+            )
             t_start = time.time()
             try:
                 batch = next(batches)
@@ -239,6 +245,20 @@ class RunningJob(Job):
         ckpt = self._session.ckpt
         local = ckpt.manager.local
         corrupt_checkpoint(ckpt.latest_committed_path(), local.root if local is not None else None)
+
+    def _corrupt_snapshot(self) -> None:
+        store = self._snapshots.store
+        if store is not None:
+            store.damage_newest()
+
+    def _keeps_replica_of(self, owner: int) -> bool:
+        peers = self._snapshots.peers
+        return peers is not None and peers.owner == owner
+
+    def _damage_replicas(self, owner: int) -> None:
+        peers = self._snapshots.peers
+        if peers is not None:
+            peers.damage_held(owner)
 
 
 def ping(call_wrapper: Any) -> None:

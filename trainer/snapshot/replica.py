@@ -190,7 +190,28 @@ class PeerReplicas:
         row += [int.from_bytes(seed[8 * i : 8 * i + 8], "little", signed=True) for i in range(SEED_WORDS)]
         for held in self.shelf.held()[:HELD_OFFERED]:
             row += [held.owner, held.step]
+        self._report_damaged()
         return row + [-1] * (ROW - len(row))
+
+    def _report_damaged(self) -> None:
+        """A replica held here that no longer matches its digest: quarantined by the shelf, not offered,
+        reported once (`restore_skipped`, source `peer`, with the rank it was kept for)."""
+        for owner, step, reason in self.shelf.take_damaged():
+            log.warning("replica of rank %d step %d kept here is damaged: %s", owner, step, reason)
+            try:
+                if self.events is not None:
+                    self.events.emit("restore_skipped", source="peer", step=step, reason=reason, owner=owner)
+            except Exception as exc:
+                log.debug("restore_skipped event not written: %s", exc)
+
+    def holds(self, step: int) -> bool:
+        """Whether some peer offered a replica of this rank's `step` in the last agreement."""
+        return bool(self._holders.get(step))
+
+    def damage_held(self, owner: int) -> int:
+        """Fault injection (`replica-corrupt`): damage the replicas kept here for `owner`, now and as they
+        arrive; the number damaged now (0 when this rank keeps none of owner's)."""
+        return self.shelf.damage_all(owner) if owner == self.owner else 0
 
     def learn(self, rows: list[list[int]]) -> list[set[int]]:
         """Read every rank's row; for each rank, the steps some peer holds a replica of."""

@@ -74,6 +74,11 @@ class ReplicaShelf:
             if not _alive(stale.name.split("-")[2]):
                 stale.unlink(missing_ok=True)
         self._newest: dict[int, tuple[int, int]] = {}  # owner -> (slot, step) of its newest verified replica
+        self.damaged: list[tuple[int, int, str]] = []
+        """(owner, step, why) of each replica found damaged at rest and quarantined (`held`, `find`):
+        PeerReplicas reports them and clears the list."""
+        self.damage_owners: set[int] = set()
+        """Fault injection only (`replica-corrupt`): owners whose replicas this shelf damages once stored."""
 
     def path(self, owner: int, slot: int) -> Path:
         return self.dir / f"rank{owner}.slot{slot}"
@@ -129,6 +134,8 @@ class ReplicaShelf:
                 slot = 1 - newest[0] if newest is not None else 0
                 os.replace(tmp, self.path(owner, slot))  # the moment the replica becomes valid
                 self._newest[owner] = (slot, step)
+                if owner in self.damage_owners:
+                    damage(self.path(owner, slot))
                 return slot
         finally:
             tmp.unlink(missing_ok=True)
@@ -204,10 +211,27 @@ class ReplicaShelf:
                 owners.add(int(head))
         return sorted(owners)
 
+    def take_damaged(self) -> list[tuple[int, int, str]]:
+        """The damaged replicas found since the last call (owner, step, why)."""
+        with self._lock:
+            damaged, self.damaged = self.damaged, []
+            return damaged
+
+    def damage_all(self, owner: int) -> int:
+        """Fault injection only (`replica-corrupt`): damage every replica of `owner` held here now and
+        each one stored from now on (memory going bad at rest). Returns the files damaged now."""
+        with self._lock:
+            self.damage_owners.add(owner)
+            paths = [self.path(owner, slot) for slot in (0, 1) if self.path(owner, slot).is_file()]
+            for path in paths:
+                damage(path)
+            return len(paths)
+
     def _verified(self, owner: int) -> list[Held]:
-        store = self.reader(owner)
+        store = self.reader(owner)  # its offers() quarantine a damaged replica: reported once, here
         try:
-            offers, _ = store.offers()
+            offers, rejected = store.offers()
+            self.damaged += [(owner, r.step, r.reason) for r in rejected if r.corrupt]
             return [
                 Held(owner, o.header.step, o.slot, store.path(o.slot), HEADER_BYTES + o.header.payload_bytes)
                 for o in offers
@@ -221,6 +245,17 @@ class ReplicaShelf:
             if held:
                 self._newest[owner] = (held[0].slot, held[0].step)
         return self._newest.get(owner)
+
+
+def damage(path: Path) -> None:
+    """Flip 64 bytes in the middle of a slot file's payload (fault injection: a copy damaged at rest)."""
+    size = path.stat().st_size
+    at = max(HEADER_BYTES, HEADER_BYTES + (size - HEADER_BYTES) // 2 - 32)
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        chunk = fh.read(64)
+        fh.seek(at)
+        fh.write(bytes(b ^ 0xFF for b in chunk))
 
 
 def _alive(pid: str) -> bool:

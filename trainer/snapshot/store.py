@@ -10,8 +10,12 @@ What makes a slot trustworthy:
   any moment of a write leaves the other slot whole.
 - The header is written last. A write first zeroes the slot's magic, copies the tensors, and a helper
   thread computes the payload's checksum (checksum.py) and then writes the header (JSON + its own CRC)
-  and the magic. A slot without its magic, or whose checksums do not match, is never loaded (a slot
-  this process committed and still holds is its own memory: its payload is not checked again, `offers`).
+  and the magic. A slot without its magic, or whose checksums do not match, is never loaded: every load
+  checks the payload against the digest taken when the snapshot was made, before a byte of it is copied,
+  the process's own slot (tier 1's restore from memory) included: a stray write or a bad DIMM corrupts
+  a process's own pages as easily as another's.
+- A slot that fails a check is quarantined (`quarantine`: its magic zeroed): no later restore, in this
+  process or the next, meets the same bad copy again.
 - The header says whose it is: run fingerprint, world size, rank and layout id. A snapshot of another
   run, world size or rank is refused (with the reason), never loaded.
 
@@ -90,6 +94,18 @@ class Offer:
 class Rejected:
     slot: int
     reason: str
+    corrupt: bool = False
+    """The slot failed an integrity check (header or payload checksum, length): a damaged copy, where
+    an interrupted write or another run's file is not one."""
+    step: int = -1
+    """The step its header names (-1: no readable header)."""
+    written_here: bool = False
+    """Committed by this very process (a damaged copy of its own memory)."""
+
+
+class CorruptCopy(ValueError):
+    """A snapshot's bytes do not match the digest taken when it was made; raised before any of them was
+    copied, so the caller may take the same step from its next source."""
 
 
 @dataclass(frozen=True)
@@ -362,24 +378,28 @@ class SnapshotStore:
 
         With `verify_payload=False` the payloads' checksums are left to `load`: a restore reads one
         slot of the two, and checking both before the agreement doubled its time (a failed check in
-        `load` strikes that step off, as any failed load does). `load` then checks every slot but one
-        this very process committed and still holds unchanged (`written_here`: same step and checksum in
-        the header, same pid): its payload never left the process's own memory, so checking it again
-        guards no boundary, and on a 2-core machine it cost as much as the copy (memory bandwidth)."""
+        `load` raises CorruptCopy before any byte is copied). A slot that fails an integrity check here
+        is quarantined (`Rejected.corrupt`)."""
         self.wait()
         good, bad = [], []
         for slot in (0, 1):
             header, reason = self._read_header(slot)
             if header is None:
                 if reason is not None:
-                    bad.append(Rejected(slot, reason))
+                    damaged = reason not in (INCOMPLETE,)
+                    bad.append(Rejected(slot, reason, damaged))
+                    if damaged:
+                        self.quarantine(slot)
                 continue
-            reason = self._refusal(header) or self._payload_problem(slot, header, verify_payload)
-            if reason is not None:
-                bad.append(Rejected(slot, reason))
-                continue
+            refusal = self._refusal(header)
+            reason = refusal or self._payload_problem(slot, header, verify_payload)
             ours = self._written_here.get(slot) == (header.step, header.checksum)
             here = ours and header.pid == os.getpid()
+            if reason is not None:
+                bad.append(Rejected(slot, reason, refusal is None, header.step, here))
+                if refusal is None:
+                    self.quarantine(slot)
+                continue
             good.append(Offer(slot, header, here, verify_payload))
         good.sort(key=lambda o: o.header.step, reverse=True)
         return good, bad
@@ -410,9 +430,8 @@ class SnapshotStore:
         h = offer.header
         if h.layout != expected_layout:
             raise ValueError(f"snapshot layout {h.layout} differs from this run's {expected_layout}")
-        unchecked = not offer.payload_verified and not offer.written_here  # see `offers`
-        if unchecked and (problem := self._payload_problem(offer.slot, h)) is not None:
-            raise ValueError(f"snapshot slot {offer.slot}: {problem}")  # before any byte is copied
+        if not offer.payload_verified:
+            self.verify(offer)
         m, meta = self._contents(offer.slot, h)
         slots = [
             codec.TensorSlot(s["dtype"], tuple(s["shape"]), s["offset"], s["nbytes"]) for s in meta["tensors"]
@@ -427,6 +446,41 @@ class SnapshotStore:
         if current != h:  # the bytes were overwritten while being read: never expected, never silent
             raise ValueError("snapshot slot changed while loading")
         return filled
+
+    def verify(self, offer: Offer) -> None:
+        """Check the offered slot's header and payload against the digest taken when it was written;
+        raise CorruptCopy (and quarantine the slot) when they differ. Reads the whole payload once."""
+        current, reason = self._read_header(offer.slot)
+        problem = reason if current is None else None
+        if current is not None and current != offer.header:
+            problem = f"header changed since offered (step {current.step}, was {offer.header.step})"
+        problem = problem or self._payload_problem(offer.slot, offer.header)
+        if problem is not None:
+            self.quarantine(offer.slot)
+            raise CorruptCopy(f"snapshot slot {offer.slot} of step {offer.header.step}: {problem}")
+
+    def damage_newest(self) -> int | None:
+        """Fault injection only (`snapshot-corrupt`): flip bytes in the newest committed slot's payload,
+        leaving its header whole (a copy damaged at rest). The slot damaged, or None without one."""
+        self.wait()
+        offers, _ = self.offers(verify_payload=False)
+        if not offers:
+            return None
+        h, slot = offers[0].header, offers[0].slot
+        m = self._mapping(slot, None)
+        assert m is not None
+        at = HEADER_BYTES + h.payload_bytes // 2
+        end = min(at + 64, HEADER_BYTES + h.payload_bytes)
+        m.buf[at:end] = bytes(b ^ 0xFF for b in m.buf[at:end])
+        return slot
+
+    def quarantine(self, slot: int) -> None:
+        """Invalidate a slot that failed a check (its magic zeroed): never offered or hashed again; the
+        next write reuses it."""
+        m = self._mapping(slot, None)
+        if m is not None and m.size >= len(MAGIC):
+            m.buf[0 : len(MAGIC)] = b"\0" * len(MAGIC)
+        self._written_here.pop(slot, None)
 
     def _contents(self, slot: int, header: Header) -> tuple[_Mapping, dict[str, Any]]:
         """The slot's mapping and its JSON metadata (the tensors' places and the skeleton), as `header`
@@ -443,7 +497,7 @@ class SnapshotStore:
         if m is None:
             return None, None
         if m.size < HEADER_BYTES:
-            return None, "incomplete (a write was interrupted)"
+            return None, INCOMPLETE
         return parse_header(m.buf[0:HEADER_BYTES])
 
     # ------------------------------------------------------------------------------------ maintenance
@@ -506,10 +560,14 @@ class SnapshotStore:
         return m
 
 
+INCOMPLETE = "incomplete (a write was interrupted)"
+"""A slot without its magic: a write cut short, or a slot quarantined or discarded (not a damaged copy)."""
+
+
 def parse_header(buf: Any) -> tuple[Header | None, str | None]:
     """The header in the first HEADER_BYTES of a slot: (header, None), or (None, why it is not valid)."""
     if bytes(buf[0 : len(MAGIC)]) != MAGIC:
-        return None, "incomplete (a write was interrupted)"
+        return None, INCOMPLETE
     at = len(MAGIC)
     (n,) = _LEN.unpack(buf[at : at + _LEN.size])
     if n > HEADER_BYTES - at - 2 * _LEN.size:

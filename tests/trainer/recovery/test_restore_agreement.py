@@ -8,8 +8,10 @@ pay for, and the one round it must keep.
 - A rank that pulls its state from a peer's replica does so only after one more round, in which every
   holder learned the channel key (without it a pull could reach a holder before its key and be refused).
 - A restore checksums the one slot it loads, not both (verifying both before the agreement would
-  double a restore from memory); a newest slot whose payload fails its checksum is found by that load,
-  before a byte of it reaches the state, and the group agrees on the older one.
+  double a restore from memory); the newest slot is checked before the agreement, so a damaged one is
+  never offered: reported (`restore_skipped`), quarantined, and the group agrees on the older one.
+- A local (NVMe) step whose files fail their sealed digests is reported, its seal removed, and the
+  durable checkpoint restored; the next restore does not meet it again.
 """
 
 from __future__ import annotations
@@ -102,7 +104,10 @@ def _store(root: Path) -> SnapshotStore:
     return SnapshotStore(root / "shm", rank=0, world_size=1, fingerprint="run")
 
 
-def _restore(root: Path, mesh: Any, counted: Counter[str], peers: Any = None) -> tuple[Any, dict[str, Any]]:
+def _restore(
+    root: Path, mesh: Any, counted: Counter[str], peers: Any = None
+) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """(what restore returned, the restored state, the events it emitted)"""
     fresh, (ckpt_loop, _), store = make_state(mesh, seed=5), _ckpt(root), _store(root)
     counted.clear()  # the manager's own start (its lease's broadcast) is not the restore's
     try:
@@ -112,7 +117,7 @@ def _restore(root: Path, mesh: Any, counted: Counter[str], peers: Any = None) ->
     finally:
         ckpt_loop.close()
         store.close()
-    return got, fresh
+    return got, fresh, ckpt_loop.events.seen
 
 
 def test_a_snapshot_newer_than_the_local_tier_costs_one_all_gather_and_no_local_read(
@@ -120,7 +125,8 @@ def test_a_snapshot_newer_than_the_local_tier_costs_one_all_gather_and_no_local_
 ) -> None:
     states = _saved_then_snapshotted(tmp_path, one_rank, saved=1, snapshotted=2)
     assert (tmp_path / "local" / "step_00000001" / "rank0.json").is_file(), "the local tier holds step 1"
-    got, fresh = _restore(tmp_path, one_rank, counted)
+    got, fresh, seen = _restore(tmp_path, one_rank, counted)
+    assert not [e for e in seen if e["ev"] == "restore_skipped"], "nothing was damaged"
     assert (got.step, got.source) == (2, "shm")
     assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[2].values(), strict=True))
     assert verified == [], "the local tier was verified although the snapshot is newer"
@@ -131,7 +137,8 @@ def test_a_newer_local_step_is_verified_and_wins(
     tmp_path: Path, one_rank: Any, counted: Counter[str], verified: list[str]
 ) -> None:
     states = _saved_then_snapshotted(tmp_path, one_rank, saved=2, snapshotted=1)
-    got, fresh = _restore(tmp_path, one_rank, counted)
+    got, fresh, seen = _restore(tmp_path, one_rank, counted)
+    assert not [e for e in seen if e["ev"] == "restore_skipped"], "nothing was damaged"
     assert (got.step, got.source) == (2, "local")
     assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[2].values(), strict=True))
     assert len(verified) == 1
@@ -156,13 +163,14 @@ def test_a_restore_checksums_only_the_slot_it_loads(
 ) -> None:
     states = _saved_then_snapshotted(tmp_path, one_rank, saved=0, snapshotted=(1, 2))
     checksummed.clear()  # the writes' own commits
-    got, fresh = _restore(tmp_path, one_rank, counted)
+    got, fresh, seen = _restore(tmp_path, one_rank, counted)
+    assert not [e for e in seen if e["ev"] == "restore_skipped"], "nothing was damaged"
     assert (got.step, got.source) == (2, "shm")
     assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[2].values(), strict=True))
     assert len(checksummed) == 1, f"{len(checksummed)} payloads checksummed for one restore"
 
 
-def test_a_newest_slot_that_fails_its_checksum_is_never_applied_and_the_older_one_wins(
+def test_a_newest_slot_that_fails_its_checksum_is_never_offered_and_the_older_one_wins(
     tmp_path: Path, one_rank: Any, counted: Counter[str], checksummed: list[int]
 ) -> None:
     states = _saved_then_snapshotted(tmp_path, one_rank, saved=0, snapshotted=(1, 2))
@@ -176,12 +184,45 @@ def test_a_newest_slot_that_fails_its_checksum_is_never_applied_and_the_older_on
         fh.seek(HEADER_BYTES + 64)
         fh.write(bytes([byte[0] ^ 0x01]))
     checksummed.clear()
-    got, fresh = _restore(tmp_path, one_rank, counted)
+    got, fresh, seen = _restore(tmp_path, one_rank, counted)
     assert (got.step, got.source) == (1, "shm")
     assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[1].values(), strict=True))
-    refusal = [r for r in got.refused if "step 2: ValueError" in r and "payload checksum mismatch" in r]
+    refusal = [r for r in got.refused if "step 2" in r and "payload checksum mismatch" in r]
     assert refusal, got.refused
-    assert len(checksummed) == 2 and counted["all_gather"] == 1 and counted["all_reduce"] == 2, counted
+    assert len(checksummed) == 2 and counted["all_gather"] == 1 and counted["all_reduce"] == 1, counted
+    skipped = [e for e in seen if e["ev"] == "restore_skipped"]
+    assert [(e["source"], e["step"]) for e in skipped] == [("shm", 2)], skipped
+    # quarantined: a second restore meets neither the damage nor its checksum again
+    checksummed.clear()
+    again, _, seen_again = _restore(tmp_path, one_rank, counted)
+    assert not [e for e in seen_again if e["ev"] == "restore_skipped"], "met twice"
+    assert (again.step, again.source) == (1, "shm") and len(checksummed) == 1
+    assert not any("checksum" in r for r in again.refused), again.refused
+
+
+def test_a_local_step_that_fails_its_sealed_digest_is_skipped_once_and_the_durable_one_wins(
+    tmp_path: Path, one_rank: Any, counted: Counter[str]
+) -> None:
+    states = _saved_then_snapshotted(tmp_path, one_rank, saved=2, snapshotted=1)
+    (shard,) = (tmp_path / "local" / "step_00000002").glob("__0_*.distcp")
+    _flip_byte(shard, shard.stat().st_size // 2)
+    got, fresh, seen = _restore(tmp_path, one_rank, counted)
+    assert (got.step, got.source) == (2, "fsx")
+    assert all(torch.equal(a, b) for a, b in zip(snapshot(fresh).values(), states[2].values(), strict=True))
+    skipped = [e for e in seen if e["ev"] == "restore_skipped"]
+    assert [(e["source"], e["step"]) for e in skipped] == [("local", 2)], skipped
+    assert "checksum mismatch" in skipped[0]["reason"]
+    again, _, seen_again = _restore(tmp_path, one_rank, counted)
+    assert (again.step, again.source) == (2, "fsx")
+    assert [e for e in seen_again if e["ev"] == "restore_skipped"] == [], "met twice"
+
+
+def _flip_byte(path: Path, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x01]))
 
 
 class FakePeers:
@@ -203,6 +244,9 @@ class FakePeers:
     def fetch(self, step: int) -> str:
         self.fetched_after.append(self.counted["all_reduce"])
         return "holder gone"
+
+    def holds(self, step: int) -> bool:
+        return step == 3
 
     def after_restore(self, step: int) -> None:
         self.restored.append(step)

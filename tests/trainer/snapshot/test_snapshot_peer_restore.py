@@ -9,8 +9,11 @@ a fault-free run's. Cases:
 - peer:      both restore step 3; rank 0 from its /dev/shm (`shm`), rank 1 from rank 0's replica (`peer`).
 - transit:   rank 1's pull of step 3 arrives damaged (a byte flipped on the wire): it fails its checksum,
              the group agrees again and both restore step 2 (rank 1 from the peer again).
-- corrupt:   both replicas rank 0 keeps for rank 1 are damaged in memory: no longer offered, so both
-             ranks restore the durable checkpoint of step 2 (`fsx`).
+- corrupt:   both replicas rank 0 keeps for rank 1 are damaged in memory: no longer offered (rank 0
+             reports each once), so both ranks restore the durable checkpoint of step 2 (`fsx`).
+- shm-corrupt: no node is lost, but rank 1's newest snapshot in its own /dev/shm is damaged at rest (the
+             `snapshot-corrupt` fault's own damage): rank 1 skips it (`restore_skipped`, quarantined) and
+             takes the same step from the next source, rank 0's replica: both restore step 3, exact.
 """
 
 from __future__ import annotations
@@ -32,17 +35,24 @@ from trainer.recovery.restore import restore_attempt
 from trainer.snapshot import replica_net
 from trainer.snapshot.config import SnapshotConfig
 from trainer.snapshot.manager import Snapshots
-from trainer.snapshot.store import HEADER_BYTES
+from trainer.snapshot.store import HEADER_BYTES, SnapshotStore
 
 pytestmark = pytest.mark.slow
 
 STEPS = 6
 LOST_AFTER = 3  # the last step done before the node is lost
-CASES = ("peer", "transit", "corrupt")
+CASES = ("peer", "transit", "corrupt", "shm-corrupt")
 EXPECTED = {  # case -> (step restored, source on rank 0, source on rank 1)
     "peer": (3, "shm", "peer"),
     "transit": (2, "shm", "peer"),
     "corrupt": (2, "fsx", "fsx"),
+    "shm-corrupt": (3, "shm", "peer"),
+}
+SKIPPED = {  # case -> per rank, the (source, step) of each copy it skipped at the restore
+    "peer": ([], []),
+    "transit": ([], [("peer", 3)]),
+    "corrupt": ([("peer", 2), ("peer", 3)], []),
+    "shm-corrupt": ([], [("shm", 3)]),
 }
 
 
@@ -103,8 +113,12 @@ def _case(rank: int, mesh: Any, root: Path, case: str, expected_digest: str) -> 
     snaps.close()
 
     # -- the node is lost: every worker process ends; node 1 comes back with an empty /dev/shm
-    if rank == 1:
+    if rank == 1 and case != "shm-corrupt":
         shutil.rmtree(root / "node1")
+    if rank == 1 and case == "shm-corrupt":  # only the worker process ends; its snapshot is damaged
+        damaged = SnapshotStore(root / "node1", rank=1, world_size=2, fingerprint="run")
+        assert damaged.damage_newest() is not None
+        damaged.close()
     if rank == 0 and case == "corrupt":
         for path in sorted((root / "node0" / "replicas").glob("rank1.slot*")):
             with open(path, "r+b") as fh:
@@ -123,6 +137,9 @@ def _case(rank: int, mesh: Any, root: Path, case: str, expected_digest: str) -> 
     assert [(e["step"], e["source"]) for e in restores] == [(step, sources[rank])], restores
     if case == "transit" and rank == 1:
         assert any("checksum" in r for r in restored.refused), restored
+    skipped = [e for e in events.seen if e["ev"] == "restore_skipped"]
+    assert sorted((e["source"], e["step"]) for e in skipped) == SKIPPED[case][rank], (rank, case, skipped)
+    assert all("checksum" in e["reason"] for e in skipped), skipped
     _train(state, range(step + 1, STEPS), snaps, ckpt)
     digest = _digest(state)
     assert digest == expected_digest, f"rank {rank}, case {case}: state differs from the fault-free run"

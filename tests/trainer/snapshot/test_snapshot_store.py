@@ -143,7 +143,15 @@ def _load(s: SnapshotStore, offer: object, state: dict) -> dict:
     return s.load(offer, template, codec.layout_id(skeleton, codec.plan(tensors)[0]))  # type: ignore[arg-type]
 
 
-def test_a_load_checks_the_payload_unless_this_process_committed_the_slot(
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_a_load_checks_the_payload_its_own_processes_slot_included(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checked: list[int] = []
@@ -155,32 +163,72 @@ def test_a_load_checks_the_payload_unless_this_process_committed_the_slot(
     s.write(0, build_save_dict(a, 0))
     s.wait()
     checked.clear()
-    # this process's own slot (tier 1): offered and loaded without reading the payload twice
+    # this process's own slot (tier 1): checked once by the load
     (own,), _ = s.offers(verify_payload=False)
     assert own.written_here and not own.payload_verified
     b = make_state(seed=1)
     apply_loaded(b, _load(s, own, b), 0)
-    assert digest(b) == digest(a) and checked == []
+    assert digest(b) == digest(a) and len(checked) == 1
     # the same slot seen by another process's store (tier 2): checked by the load, once
     (theirs,), _ = store(tmp_path).offers(verify_payload=False)
     assert not theirs.written_here
     c = make_state(seed=2)
     apply_loaded(c, _load(store(tmp_path), theirs, c), 0)
-    assert digest(c) == digest(a) and len(checked) == 1
-    # one flipped bit: offered on its header, refused by the load before a byte reaches the state
-    s.close()
-    with open(tmp_path / "shm" / "rank0.slot0", "r+b") as fh:
-        fh.seek(HEADER_BYTES + 100)
-        byte = fh.read(1)
-        fh.seek(HEADER_BYTES + 100)
-        fh.write(bytes([byte[0] ^ 0x01]))
-    reader = store(tmp_path)
-    (flipped,), _ = reader.offers(verify_payload=False)
+    assert digest(c) == digest(a) and len(checked) == 2
+
+
+@pytest.mark.parametrize("reader", ["own", "other"])
+def test_a_flipped_bit_is_refused_before_a_byte_is_copied_and_the_slot_quarantined(
+    tmp_path: Path, reader: str
+) -> None:
+    a = make_state()
+    train(a, 1)
+    s = store(tmp_path)
+    s.write(0, build_save_dict(a, 0))
+    s.wait()
+    _flip(tmp_path / "shm" / "rank0.slot0", HEADER_BYTES + 100)  # damaged at rest, header whole
+    r = s if reader == "own" else store(tmp_path)
+    (flipped,), _ = r.offers(verify_payload=False)
+    assert flipped.written_here == (reader == "own")
     d = make_state(seed=3)
     before = digest(d)
-    with pytest.raises(ValueError, match="payload checksum mismatch"):
-        _load(reader, flipped, d)
-    assert digest(d) == before
+    with pytest.raises(store_module.CorruptCopy, match="payload checksum mismatch"):
+        _load(r, flipped, d)
+    assert digest(d) == before, "bytes of a damaged copy reached the state"
+    # quarantined: the next restore (this process or the next) finds no copy, and no damage to report
+    for later in (r, store(tmp_path)):
+        offers, rejected = later.offers()
+        assert offers == [] and [x.corrupt for x in rejected] == [False], rejected
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("payload", "payload checksum mismatch"),
+        ("header", "header checksum mismatch"),
+        ("truncated", "payload truncated"),
+    ],
+)
+def test_each_kind_of_damage_is_refused_as_corrupt_and_quarantined(
+    tmp_path: Path, damage: str, why: str
+) -> None:
+    a = make_state()
+    train(a, 1)
+    s = store(tmp_path)
+    s.write(4, build_save_dict(a, 0))
+    s.close()
+    path = tmp_path / "shm" / "rank0.slot0"
+    if damage == "payload":
+        _flip(path, path.stat().st_size - 10)  # the skeleton's last bytes: the payload's digest covers it
+    elif damage == "header":
+        _flip(path, 20)  # inside the header's JSON: its own CRC no longer matches
+    else:
+        os.truncate(path, path.stat().st_size - 1)
+    offers, rejected = store(tmp_path).offers()
+    assert offers == [] and len(rejected) == 1 and why in rejected[0].reason, rejected
+    assert rejected[0].corrupt and rejected[0].step == (-1 if damage == "header" else 4), rejected
+    again, rejected = store(tmp_path).offers()
+    assert again == [] and not rejected[0].corrupt, "a quarantined copy was met again as a fresh fault"
 
 
 def test_snapshots_of_another_run_world_size_or_rank_are_refused(tmp_path: Path) -> None:
