@@ -15,6 +15,7 @@ ARG EFA_INSTALLER_VERSION=1.48.0
 ARG NVRX_VERSION=0.7.0
 ARG PROMETHEUS_CLIENT_VERSION=0.26.0
 ARG XXHASH_VERSION=4.1.0
+ARG GRPCIO_VERSION=1.85.4
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
@@ -54,7 +55,7 @@ RUN python -c "import numpy, torch; print(f'torch=={torch.__version__}'); print(
     > /etc/pip-base-constraints.txt \
  && cat /etc/pip-base-constraints.txt \
  && pip install "nvidia-resiliency-ext==${NVRX_VERSION}" "prometheus-client==${PROMETHEUS_CLIENT_VERSION}" \
-    "xxhash==${XXHASH_VERSION}"
+    "xxhash==${XXHASH_VERSION}" "grpcio==${GRPCIO_VERSION}"
 
 # The trainer package last, so code changes rebuild only these layers. Its dependencies are installed
 # above (torch and numpy come from the base), hence --no-deps.
@@ -63,7 +64,7 @@ COPY pyproject.toml README.md ./
 COPY trainer/ ./trainer/
 RUN pip install --no-deps . \
  && cd / \
- && python -c "import torch, nvidia_resiliency_ext, xxhash, trainer.config.train_config, trainer.events.metrics; print('torch', torch.__version__)" \
+ && python -c "import torch, nvidia_resiliency_ext, xxhash, trainer.config.train_config, trainer.events.metrics, trainer.health.server; print('torch', torch.__version__)" \
  && ft_launcher --help > /dev/null \
  && fi_info --version
 

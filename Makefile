@@ -25,7 +25,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup controlplane prometheus synth test test-fast soak lint demo demo-cluster demo-compare bench bench-quick smoke-render cluster-smoke clean
+.PHONY: help setup controlplane prometheus synth test test-fast soak lint chart-gen demo demo-cluster demo-compare bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -106,10 +106,14 @@ test-fast: setup controlplane ## Run the tests that need no multi-process traini
 soak: setup prometheus ## The long runs kept out of make test: every checkpoint mode, more fault mixes
 	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)
 
-lint: setup ## ruff and mypy
+lint: setup ## ruff, mypy, and the chart's generated parts up to date
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy infra trainer goodput
+	$(PY) -m tools.chartgen --check
+
+chart-gen: ## Regenerate the chart's trainer options, their schema entries and defaults from the settings
+	$(PY) -m tools.chartgen
 
 demo: setup ## Synthesize the default team, render the chart, run a faulted 2x2-rank smoke run on CPU (on the real control plane once it is built), report
 	@# Built once (make controlplane, make test): kept up to date, then used; never built by the demo itself

@@ -1,6 +1,6 @@
 """``make bench``: every benchmark in one invocation, then the report.
 
-    python -m bench [--quick] [--only recovery,pods,ckpt_stall,snapshot,synth,scale,planner]
+    python -m bench [--quick] [--only recovery,pods,ckpt_stall,snapshot,guard,synth,scale,planner]
                     [--results DIR] [--no-readme]
 
 Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the others still run):
@@ -13,6 +13,9 @@ Parts (each writes ``<results>/<part>.json``; a failing part is recorded and the
 - snapshot    ``python -m bench.snapshot --mib 64 256 1024 --faults 3 --out <json>``: host-memory snapshot
               blocked time vs the one-copy floor, host memory per rank, restore time per source, steps
               recomputed per fault (a node loss restored from its peer's replica among them)
+- guard       ``python -m bench.guard --reps 7 --batch 16 --out <json>``: the numerical guard's cost per
+              step, the same training steps with it on and off, median and range over repetitions
+              (--quick: 3)
 - synth       ``python -m bench.synth --teams 1 5 20 50 --repeats 3 --out <json>`` (the infra
               engineer's bench; --quick: teams 1 and 5, one repeat)
 - scale       ``python -m bench.scale --size full --out <json>``: how the rendezvous, the node beats, the
@@ -55,7 +58,7 @@ from goodput.node_loss import node_loss_parts, rendezvous_fit_from
 from goodput.plot import plot_scale
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "synth", "scale", "planner")
+PARTS = ("recovery", "pods", "ckpt_stall", "snapshot", "guard", "synth", "scale", "planner")
 RESULT_FILES = {"pods": "recovery_pods.json"}  # the JSON each part writes, when not <part>.json
 
 
@@ -117,6 +120,7 @@ def run_module(module: str, out: Path, args: Sequence[str], timeout_s: float) ->
 SYNTH_ARGS = (["--teams", "1", "5", "20", "50", "--repeats", "3"], ["--teams", "1", "5", "--repeats", "1"])
 CKPT_ARGS = (["--mib", "64", "256", "1024"], ["--quick"])
 SCALE_ARGS = (["--size", "full"], ["--quick"])  # full: a few minutes at 2,048 nodes / 16,384 ranks
+GUARD_ARGS = (["--reps", "7", "--batch", "16"], ["--reps", "3", "--steps", "10", "--batch", "16"])
 SNAPSHOT_ARGS = (
     ["--mib", "64", "256", "1024", "--faults", "3"],
     ["--mib", "64", "--reps", "3", "--faults", "1"],
@@ -310,6 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             SNAPSHOT_ARGS[args.quick],
             2400,
         ),
+        "guard": lambda: run_module("bench.guard", args.results / "guard.json", GUARD_ARGS[args.quick], 900),
         "synth": lambda: run_module("bench.synth", args.results / "synth.json", SYNTH_ARGS[args.quick], 900),
         "scale": lambda: run_module("bench.scale", args.results / "scale.json", SCALE_ARGS[args.quick], 900),
         "planner": lambda: run_planner(args.results, args.quick),

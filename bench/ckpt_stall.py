@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.stats import spread
 from trainer.runtime.ports import free_port
 
 MODES = ("sync", "torch-async", "nvrx", "nvrx-from-snapshot")
@@ -37,17 +37,6 @@ MODES = ("sync", "torch-async", "nvrx", "nvrx-from-snapshot")
 where each save is written from the snapshot of its step (trainer/checkpoint/from_snapshot.py) and what
 the loop waits for is the snapshot plus the save's hold of its slot, reported together."""
 LAYER_DIM = 1024  # one Linear(1024, 1024) = 4 MiB of fp32 weights, 4 / world_size MiB per rank
-
-
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    vals = sorted(float(v) for v in values)
-    return {
-        "median": statistics.median(vals),
-        "min": vals[0],
-        "max": vals[-1],
-        "n": len(vals),
-        "values": vals,
-    }
 
 
 def _layers_for(mib_per_rank: int, world_size: int) -> int:
@@ -209,7 +198,7 @@ def measure(
 def _rows(raw: dict[str, Any], modes: Sequence[str]) -> list[dict[str, Any]]:
     rows = []
     for mib, size in raw["sizes"].items():
-        floor = spread(size["floor_s"])
+        floor = spread(size["floor_s"], with_values=True)
         rows.append(
             {
                 "MiB/rank": int(mib),
@@ -222,7 +211,7 @@ def _rows(raw: dict[str, Any], modes: Sequence[str]) -> list[dict[str, Any]]:
         )
         for mode in modes:
             m = size[mode]
-            blocked = spread(m["blocked_s"])
+            blocked = spread(m["blocked_s"], with_values=True)
             rows.append(
                 {
                     "MiB/rank": int(mib),
@@ -230,7 +219,7 @@ def _rows(raw: dict[str, Any], modes: Sequence[str]) -> list[dict[str, Any]]:
                     "blocked_s": _public(blocked),
                     "x floor": blocked["median"] / floor["median"] if floor["median"] > 0 else None,
                     "first save s": m["first_save_s"],
-                    "commit_s": _public(spread(m["commit_s"])),
+                    "commit_s": _public(spread(m["commit_s"], with_values=True)),
                 }
             )
     return rows

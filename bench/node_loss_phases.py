@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import statistics
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import recovery_pods
+from bench import podrun, recovery_pods
 from bench.recovery_pods import FAIL_JOB_EXIT_CODES, PodsConfig, PodsScenario, make_data, measure
-from tools.localjob import JobResult, LocalJob, PodSpec
+from bench.stats import spread
+from tools.localjob import PodSpec
 from tools.recovery_phases import PHASES
 from trainer.runtime.ports import free_port
 
@@ -44,28 +41,19 @@ def pod_specs(tree: Path, run_dir: Path, data: Path, port: int, cfg: PodsConfig)
 
 
 def run_once(tree: Path, run_dir: Path, data: Path, cfg: PodsConfig) -> dict[str, Any]:
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    podrun.fresh(run_dir)
     port = free_port()
     specs = pod_specs(tree, run_dir, data, port, cfg)
-    load = os.getloadavg()[0]
-    t0 = time.monotonic()
-    with LocalJob(
+    run = podrun.run_job(
         specs,
+        host_port=port,
+        timeout_s=cfg.run_timeout_s,
         backoff_limit=len(specs) + 2,
         fail_job_exit_codes=FAIL_JOB_EXIT_CODES,
         replace_delay_s=cfg.replace_delay_s,
-        host_port=port,
-    ) as job:
-        job.start()
-        result: JobResult | None = None
-        while result is None and time.monotonic() - t0 < cfg.run_timeout_s:
-            result = job.poll()
-            time.sleep(0.1)
-        if result is None:
-            result = job.wait(timeout_s=0.1)
-    rec = measure(SCENARIO, run_dir, result, None, time.monotonic() - t0)
-    rec["load_avg_1min"] = load
+    )
+    rec = measure(SCENARIO, run_dir, run.result, None, run.elapsed_s)
+    rec["load_avg_1min"] = run.load_avg_1min
     rec["spans"] = restart_spans(run_dir / "out")
     return rec
 
@@ -95,9 +83,9 @@ def slowest(spans: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def _spread(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+    """`median [min-max]` (bench.stats.spread), as the phase table prints it."""
+    s = spread(values)
+    return "-" if s is None else f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:

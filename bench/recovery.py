@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -46,6 +44,7 @@ from typing import Any
 
 from bench.recovery_measure import aggregate, measure
 from trainer.runtime.ports import free_port
+from trainer.state.cadence import is_due
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -117,8 +116,8 @@ class RecoveryConfig:
                 "fault_step: need 0 < ckpt_interval < fault_step < steps, got "
                 f"{self.ckpt_interval}, {self.fault_step}, {self.steps}"
             )
-        if self.fault_step % self.ckpt_interval == 0:
-            raise ValueError("fault_step: must not fall on a checkpoint step (no recompute to measure)")
+        if is_due(self.fault_step - 1, self.ckpt_interval):
+            raise ValueError("fault_step: must not follow a save at once (no recompute to measure)")
 
 
 def make_data(path: Path, cfg: RecoveryConfig) -> Path:
@@ -202,28 +201,20 @@ def run_once(cfg: RecoveryConfig, sc: Scenario, run_dir: Path, data: Path) -> di
     controller (LocalJob) re-creates a failed pod `sc.job_restarts` times (the full restart). Without the
     service the launcher hosted the store and waited NVRx's 3 s store-read grace before it exited, a
     second that no pod of the chart pays, inside every full restart's detection (3.9 s, 2026-12-02)."""
-    from tools.localjob import LocalJob, PodSpec  # kills the whole process tree, workers included
+    from bench import podrun
+    from tools.localjob import PodSpec  # kills the whole process tree, workers included
 
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    podrun.fresh(run_dir)
     port = free_port()
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=str(REPO),
-        TRAINER_PG_PORT=str(free_port()),
-        TRAINER_INPROCESS_PORT=str(free_port()),
-        OMP_NUM_THREADS="1",
-    )
+    env = podrun.pod_env(REPO)
     argv = pod_command(cfg, sc, run_dir, data, port)
     (run_dir / "command.json").write_text(json.dumps(argv, indent=1))
     t_launch = time.time()
     # A re-created pod lands on another node: the node-local checkpoint tier is gone, only the shared
     # one remains (a pod's fresh_dirs are emptied before each of its attempts).
     pod = PodSpec("bench", argv, env, run_dir / "pod0.log", fresh_dirs=(run_dir / "local",))
-    with LocalJob([pod], backoff_limit=sc.job_restarts, host_port=port) as job:
-        job.start()
-        result = job.wait(timeout_s=cfg.run_timeout_s)
-        started = job.attempt(0) + 1
+    run = podrun.run_job([pod], host_port=port, timeout_s=cfg.run_timeout_s, backoff_limit=sc.job_restarts)
+    result, started = run.result, run.attempts_of_first
     exits = [{"attempt": e.attempt, "rc": e.returncode, "t": e.t} for e in result.exits]
     # rc: the last pod's exit code; None when it was still running at the timeout (stopped, not exited).
     rc = result.exits[-1].returncode if result.exits and len(result.exits) == started else None

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.stats import spread
+
 
 class MeasuredScenario(Protocol):
     """What the figures need of a scenario (bench.recovery.Scenario has it): its name, and whether the
@@ -141,11 +143,3 @@ def aggregate(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             entry["phases"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
         out[name] = entry
     return out
-
-
-def spread(values: Sequence[float]) -> dict[str, float] | None:
-    """Median, min, max and count of ``values`` (None when empty)."""
-    if not values:
-        return None
-    vals = [float(v) for v in values]
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}

@@ -27,6 +27,10 @@ compound/spare-during-join/2-spares
 compound/monitors-then-rank     ft_launcher's rank monitors killed, then a rank SIGKILLed
 straggler/evict                 node 1 three times slower from step 3 (`slow` fault); a hot spare
                                 waits: the straggler watch evicts node 1, the spare takes its place
+kills/each-process              a rank SIGKILLed (the single fault whose MTTR sets the bound), then
+                                one of each of a pod's processes SIGKILLed from outside, a few steps
+                                apart (tools/podkill.py): the zygote, the metrics exporter, a worker,
+                                ft_launcher, the rendezvous service, the pod's main process
 ==============================  ================================================================
 
 Per run: the MTTR of every fault (trainer.events.metrics.summarize: fault -> first step after it), for a
@@ -41,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -50,7 +53,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.recovery_measure import spread
+from bench import podrun
+from bench.stats import spread
+from tools import podkill
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
 from tools.recovery_phases import launcher_events, phases
@@ -79,6 +84,9 @@ class PodsScenario:
     """Steps of the run; 0: PodsConfig.steps."""
     replace_delay_s: float | None = None
     """Seconds before a dead pod's replacement starts; None: PodsConfig.replace_delay_s."""
+    kills: tuple[str, ...] = ()
+    """Processes SIGKILLed from outside at a step (tools/podkill.py specs); with an `exporter` kill every
+    pod serves metrics, each on a port of its own."""
 
 
 SCENARIOS: dict[str, PodsScenario] = {
@@ -176,6 +184,30 @@ SCENARIOS: dict[str, PodsScenario] = {
         # Found after WARMUP + WINDOW steps of the attempt (trainer/resilience/straggler.py), evicted
         # with the spare standing by; the rest of the run at full speed.
         PodsScenario("straggler/evict", 2, 1, 1, ("slow:step=3:node=1:factor=3",), snapshots=True, steps=40),
+        PodsScenario(
+            "kills/each-process",
+            2,
+            1,
+            1,
+            ("sigkill:step=4:rank=1",),
+            snapshots=True,
+            # The values of compound/host-rendezvous-launcher (a fault-free run of them serves both).
+            # Five steps between kills: each one's recovery is over before the next (the window of
+            # tools/podkill.extra_wall_s); the pod's main process last, as its pod is then lost.
+            steps=40,
+            replace_delay_s=2.0,
+            kills=tuple(
+                f"{p}:step={s}"
+                for p, s in (
+                    ("zygote", 9),
+                    ("exporter", 14),
+                    ("worker", 19),
+                    ("launcher", 24),
+                    ("rendezvous", 29),
+                    ("main", 34),
+                )
+            ),
+        ),
     )
 }
 
@@ -258,27 +290,22 @@ def pod_specs(
     *,
     extra_values: dict[str, Any] | None = None,
     tree: Path = REPO,
+    metrics_ports: Sequence[int] = (),
 ) -> list[PodSpec]:
     """One PodSpec per Job index (nodes + spares), each with its own node-local directories (NVMe tier,
     /dev/shm), empty in a replacement pod (tools/localpods.py node_places). `extra_values` go over the
-    scenario's chart values; `tree`: the checkout whose trainer the pods import."""
+    scenario's chart values; `tree`: the checkout whose trainer the pods import; `metrics_ports`: one
+    metricsPort per index (the local pods share one host), else none serves metrics."""
     from tools.localpods import node_places, node_pod_spec
     from tools.podcommand import LocalPlaces, pod_argv
 
-    stores = free_port(span=2)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tree),
-        "OMP_NUM_THREADS": "1",
-        # Outside the ephemeral range, as tests/trainer/_jobs.py run_job does (MASTER_PORT+1/+2 collided).
-        "TRAINER_PG_PORT": str(stores),
-        "TRAINER_INPROCESS_PORT": str(stores + 1),
-    }
+    env = podrun.pod_env(tree)
     specs = []
     for index in range(sc.nodes + sc.spares):
         places = node_places(LocalPlaces(port, data, run_dir / "out", run_dir / "ckpt"), index)
         pod_env = {**env, "GROUP_RANK": str(index), "JOB_COMPLETION_INDEX": str(index)}
-        argv = pod_argv({**pod_values(sc, cfg), **(extra_values or {})}, places)
+        metrics = {"metricsPort": metrics_ports[index]} if metrics_ports else {}
+        argv = pod_argv({**pod_values(sc, cfg), **(extra_values or {}), **metrics}, places)
         log = run_dir / "logs" / f"pod-{index}.log"
         specs.append(node_pod_spec(f"pod-{index}", argv, pod_env, log, places))
     return specs
@@ -324,6 +351,8 @@ class Driver:
     def __init__(self, sc: PodsScenario, job: LocalJob, log_dir: Path) -> None:
         self.sc, self.job, self.log_dir = sc, job, log_dir
         self.done: dict[str, Any] | None = None
+        pods = sc.nodes + sc.spares
+        self.kills = podkill.Schedule(podkill.parse_all(sc.kills, pods), job, pods)
         self._old_workers: set[int] = set()
         self._did: dict[str, Any] = {}
         self._log_marks: dict[int, int] = {}
@@ -371,6 +400,7 @@ class Driver:
         return any(e.reason == "succeeded" for e in self.job.exits)
 
     def __call__(self, events: list[dict[str, Any]]) -> None:
+        self.kills(events)
         if self.done is not None or not self.sc.action:
             return
         injected = [e for e in events if e["ev"] == "fault_injected"]
@@ -433,37 +463,40 @@ class Driver:
 
 def run_once(sc: PodsScenario, cfg: PodsConfig, run_dir: Path, data: Path) -> dict[str, Any]:
     """Run one scenario once; its figures (see the module docstring)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    podrun.fresh(run_dir)
     port = free_port()
-    specs = pod_specs(sc, cfg, run_dir, data, port)
+    pods = sc.nodes + sc.spares
+    exporter = any(podkill.parse(k).process == "exporter" for k in sc.kills)
+    metrics_ports = [free_port() for _ in range(pods)] if exporter else []
+    specs = pod_specs(sc, cfg, run_dir, data, port, metrics_ports=metrics_ports)
     (run_dir / "command.json").write_text(json.dumps(list(specs[0].argv), indent=1))
-    out = run_dir / "out"
-    load = os.getloadavg()[0]  # a shared machine: the figures scale with what else runs
-    t0 = time.monotonic()
-    with LocalJob(
+    drivers: list[Driver] = []
+
+    def watch(job: LocalJob) -> Callable[[], None]:
+        drivers.append(Driver(sc, job, run_dir / "logs"))
+        return lambda: drivers[0](_read_events(run_dir / "out"))
+
+    run = podrun.run_job(
         specs,
+        host_port=port,
+        timeout_s=cfg.run_timeout_s,
         backoff_limit=len(specs) + 2,
         fail_job_exit_codes=FAIL_JOB_EXIT_CODES,
         replace_delay_s=cfg.replace_delay_s if sc.replace_delay_s is None else sc.replace_delay_s,
-        host_port=port,
-    ) as job:
-        job.start()
-        driver = Driver(sc, job, run_dir / "logs")
-        result: JobResult | None = None
-        while result is None and time.monotonic() - t0 < cfg.run_timeout_s:
-            driver(_read_events(out))
-            result = job.poll()
-            time.sleep(0.1)
-        if result is None:
-            result = job.wait(timeout_s=0.1)  # stops every pod and reports the timeout
-    rec = measure(sc, run_dir, result, driver.done, time.monotonic() - t0)
-    rec["load_avg_1min"] = load
+        watch=watch,
+    )
+    rec = measure(sc, run_dir, run.result, drivers[0].done, run.elapsed_s, drivers[0].kills.records())
+    rec["load_avg_1min"] = run.load_avg_1min
     return rec
 
 
 def measure(
-    sc: PodsScenario, run_dir: Path, result: JobResult, action: dict[str, Any] | None, wall_s: float
+    sc: PodsScenario,
+    run_dir: Path,
+    result: JobResult,
+    action: dict[str, Any] | None,
+    wall_s: float,
+    kills: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     from trainer.events.metrics import summarize
 
@@ -494,9 +527,11 @@ def measure(
         "pod_exits": [asdict(e) for e in result.exits],
         "linger_s": (max(e.t for e in result.exits) - min(finished)) if finished else None,
         "action": action,
+        "kills": list(kills),
     }
     # Pods that ended before the job did and were not lost on purpose: a whole-job (pod) restart.
     lost_on_purpose = nodes_lost + (1 if sc.action == "kill-joining-spare" else 0)
+    lost_on_purpose += sum(1 for k in kills if k["process"] == "main" and k["pids"])
     early = [e for e in result.exits if e.reason != "succeeded"]
     rec["unplanned_pod_restarts"] = max(0, len(early) - lost_on_purpose)
     if rec["single_mttr_s"] and rec["mttr_s"]:
@@ -513,6 +548,8 @@ def measure(
         and len(faults) == len(sc.faults)
         and all(f.get("recovered") for f in faults)
         and (not sc.action or action is not None)
+        and len(kills) == len(sc.kills)
+        and all(k["pids"] for k in kills)
         and rec["unplanned_pod_restarts"] == 0
     )
     return rec

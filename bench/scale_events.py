@@ -17,12 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainer.config.components import default_of
+from trainer.state.cadence import is_due
+
 
 @dataclass(frozen=True)
 class Fault:
     step: int  # injected during this step
     kind: str  # exception (tier 1: same pid, next iteration) or sigkill (tier 2: new pids)
     rank: int
+
+
+CKPT_INTERVAL: int = default_of("ckpt.interval_steps")
+"""The trainer's checkpoint interval (its one default, which the chart renders too)."""
 
 
 def _line(ev: str, t: float, rank: int, pid: int, restart: int, iteration: int, **fields: Any) -> str:
@@ -63,7 +70,7 @@ def write_run(
     steps: int,
     step_s: float = 10.0,
     snapshot_every: int = 10,
-    ckpt_every: int = 100,
+    ckpt_every: int = CKPT_INTERVAL,
     faults: Sequence[Fault] = (),
     t0: float = 1_000_000.0,
     ranks_per_node: int = 8,
@@ -106,14 +113,14 @@ def write_run(
             step = back + 1
             continue
         run.emit(0, "step", t_end, step=step, t_start=t_start, t_end=t_end, loss=2.0, tokens=4096)
-        if snapshot_every and (step + 1) % snapshot_every == 0:
+        if is_due(step, snapshot_every):
             for r in samplers:
                 run.emit(r, "snapshot", t_end + 0.01, step=step, blocked_s=0.01, copy_s=0.05, bytes=1 << 20)
             for r in samplers:
                 run.emit(r, "replica", t_end + 0.2, step=step, holder=(r + 8) % ranks, bytes=1 << 20,
                          send_s=0.1, ok=True)  # fmt: skip
             snapped = step
-        if ckpt_every and (step + 1) % ckpt_every == 0:
+        if is_due(step, ckpt_every):
             run.all("ckpt_save", t_end + 0.02, step=step, blocked_s=0.2, mode="async", bytes=1 << 22)
             run.emit(0, "ckpt_commit", t_end + 1.0, step=step, path=f"ckpt/step_{step}", total_s=1.0)
             saved = step

@@ -46,12 +46,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.stats import spread
+
 LAYER_DIM = 512  # one Linear(512, 512): 1 MiB of fp32 weights, 3 MiB with AdamW's two moments
-
-
-def spread(values: Sequence[float]) -> dict[str, Any]:
-    vals = sorted(float(v) for v in values)
-    return {"median": statistics.median(vals), "min": vals[0], "max": vals[-1], "n": len(vals)}
 
 
 def _state(mib: int) -> dict[str, Any]:

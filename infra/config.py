@@ -8,7 +8,7 @@ checks live in the `infra.teams` package, one module per job; this module is the
 
 from __future__ import annotations
 
-from infra.teams.checkpoints import CheckpointConfig
+from infra.teams.checkpoints import TeamCheckpoints
 from infra.teams.errors import TeamsConfigError
 from infra.teams.loader import load_teams, parse_teams, select_team
 from infra.teams.network import NetworkConfig
@@ -20,11 +20,11 @@ __all__ = [
     "KUBERNETES_VERSIONS",
     "PERSISTENT_2_THROUGHPUTS",
     "CapacityConfig",
-    "CheckpointConfig",
     "FsxConfig",
     "GpuNodeGroupConfig",
     "NetworkConfig",
     "SystemNodeGroupConfig",
+    "TeamCheckpoints",
     "TeamConfig",
     "TeamsConfigError",
     "TeamsFile",

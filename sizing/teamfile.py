@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from sizing.model import DEFAULT_NODE_MBPS, SizingInputs
-from sizing.models import checkpoint_bytes, parameters_of_preset
+from sizing.models import PRESET_SHAPES, checkpoint_bytes, parameters_of_preset
 
-DEFAULT_MODEL = "8b"  # the chart's default preset
+DEFAULT_MODEL = "8b"  # the chart's default preset (trainer/reference/config.py)
 DEFAULT_INTERVAL_MINUTES = 30.0
-# An assumption when the team gives none: the chart's 8b preset on p5 nodes steps in about a second;
-# two leaves room. The team's measured figure (summary.json, the planner's fit) replaces it.
-DEFAULT_STEP_SECONDS = 2.0
-DEFAULT_KEEP = 3  # the chart's ckptKeep
-DEFAULT_RELOAD_BUDGET_MINUTES = 15.0
 # The teams file's defaults for a missing `fsx` section or node group (infra/teams: FsxConfig,
 # GpuNodeGroupConfig), copied so the planner reads a team file as infra does.
 DEFAULT_FSX_GIB = 1200
@@ -40,22 +38,141 @@ DEFAULT_INSTANCE_TYPE = "p5.48xlarge"
 DEFAULT_NODES = 2
 
 INSTANCE_TYPES_FILE = Path(__file__).resolve().parent.parent / "k8s" / "instance-types.json"
-FIELDS = (
-    "model",
-    "parameters",
-    "weights_dtype",
-    "optimizer",
-    "interval_minutes",
-    "interval_steps",
-    "step_seconds",
-    "keep",
-    "reload_budget_minutes",
-    "node_mbps",
-)
+WEEK_MINUTES = 7 * 24 * 60
 
 
 class TeamSizingError(ValueError):
-    """A team's sizing fields cannot be read; `str()` is one line naming the field."""
+    """A team's sizing fields cannot be read; `str()` is one line naming the field (`checkpoints.keep: ...`).
+    `field` is the field's name within `checkpoints:` when one is to blame."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+Preset = Literal["tiny", "small", "1b", "8b", "70b"]
+assert set(get_args(Preset)) == set(PRESET_SHAPES)
+
+
+def _bounded(default: Any, **bounds: float) -> Any:
+    """A field with its bounds (ge, gt, le) in its metadata: checked here, and by infra's pydantic wrap."""
+    return field(default=default, metadata=bounds)
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """A team's `checkpoints:` section: the one declaration of its fields, defaults and bounds.
+
+    infra/teams/checkpoints.py wraps it for the teams file's pydantic models (strict types, line numbers);
+    the planner and the smoke run read a parsed file through `from_mapping`.
+    """
+
+    model: Preset | None = None
+    """A trainer preset (chart `preset`); default DEFAULT_MODEL unless `parameters` is given."""
+    parameters: int | None = _bounded(None, ge=1, le=10**14)
+    """The team's own parameter count, instead of a preset (no preset reaches the chart then)."""
+    weights_dtype: Literal["fp32", "bf16"] = "fp32"
+    """fp32 (the trainer's) or bf16 (adds an fp32 master copy with AdamW)."""
+    optimizer: Literal["adamw", "none"] = "adamw"
+    """adamw (two fp32 moments) or none."""
+    interval_minutes: float | None = _bounded(None, gt=0, le=WEEK_MINUTES)
+    """Minutes between checkpoints (default DEFAULT_INTERVAL_MINUTES); or `interval_steps`."""
+    interval_steps: int | None = _bounded(None, ge=1)
+    """Steps between checkpoints (chart `ckptInterval`); or `interval_minutes`."""
+    # At least a millisecond: no training step is faster, and a step of 1e-300 s would make the sizing's
+    # rates infinite. The default is an assumption when the team gives none: the chart's 8b preset on p5
+    # nodes steps in about a second; two leaves room. The planner's fit of summary.json replaces it.
+    step_seconds: float = _bounded(2.0, ge=1e-3, le=3600)
+    """The team's measured seconds per step."""
+    keep: int = _bounded(3, ge=1, le=100)
+    """Committed checkpoints kept (chart `ckptKeep`)."""
+    reload_budget_minutes: float = _bounded(15.0, gt=0, le=WEEK_MINUTES)
+    """A whole-job reload slower than this gets a warning."""
+    node_mbps: float = _bounded(DEFAULT_NODE_MBPS, ge=1, le=1e6)
+    """Each node's FSx client rate, MB/s (the NVMe drain and its share of a reload)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_bounds(f, getattr(self, f.name))
+        if self.model is not None and self.parameters is not None:
+            raise TeamSizingError(
+                "checkpoints.parameters: give model (a trainer preset) or parameters, not both", "parameters"
+            )
+        if self.interval_minutes is not None and self.interval_steps is not None:
+            raise TeamSizingError(
+                "checkpoints.interval_steps: give interval_minutes or interval_steps, not both",
+                "interval_steps",
+            )
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any]) -> Checkpoints:
+        """From parsed YAML: unknown keys, types and bounds refused naming `checkpoints.<field>`."""
+        hints = get_type_hints(cls)
+        known = {f.name for f in fields(cls)}
+        for name, value in section.items():
+            if name not in known:
+                raise TeamSizingError(f"checkpoints.{name}: unknown key", str(name))
+            if not _is_a(value, hints[name]):
+                raise TeamSizingError(
+                    f"checkpoints.{name}: must be {_expected(hints[name])}, got {value!r}", name
+                )
+        return cls(**section)
+
+    @property
+    def preset(self) -> str | None:
+        """The chart's `preset`: the model, the default preset, or None for a team's own parameter count."""
+        if self.parameters is not None:
+            return None
+        return self.model or DEFAULT_MODEL
+
+    @property
+    def steps_between_saves(self) -> int:
+        """The chart's `ckptInterval`."""
+        if self.interval_steps is not None:
+            return self.interval_steps
+        return interval_steps(self.interval_minutes or DEFAULT_INTERVAL_MINUTES, self.step_seconds)
+
+
+def _check_bounds(f: Field[Any], value: Any) -> None:
+    if value is None or not f.metadata:
+        return
+    if not math.isfinite(value):
+        raise TeamSizingError(f"checkpoints.{f.name}: must be a finite number, got {value}", f.name)
+    for bound, holds, text in (
+        ("ge", operator.ge, ">="),
+        ("gt", operator.gt, ">"),
+        ("le", operator.le, "<="),
+    ):
+        limit = f.metadata.get(bound)
+        if limit is not None and not holds(value, limit):
+            raise TeamSizingError(f"checkpoints.{f.name}: must be {text} {limit:g}, got {value:g}", f.name)
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    return get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+
+
+def _is_a(value: Any, hint: Any) -> bool:
+    """`value` as YAML gives it fits `hint` (int, float, a Literal, or an Optional of one); no bools."""
+    if isinstance(value, bool):
+        return False
+    for option in _options(hint):
+        if option is type(None) and value is None:
+            return True
+        if get_origin(option) is Literal and value in get_args(option):
+            return True
+        if option is int and isinstance(value, int):
+            return True
+        if option is float and isinstance(value, int | float):
+            return True
+    return False
+
+
+def _expected(hint: Any) -> str:
+    options = [o for o in _options(hint) if o is not type(None)]
+    if get_origin(options[0]) is Literal:
+        return "one of " + ", ".join(map(str, get_args(options[0])))
+    return "an integer" if options[0] is int else "a number"
 
 
 def interval_steps(minutes: float, step_seconds: float) -> int:
@@ -83,40 +200,22 @@ def inputs_for(
     nvme_gib_per_node: float | None,
 ) -> SizingInputs:
     """The sizing inputs of a `checkpoints:` mapping (defaults filled) on the given nodes and file system."""
-    c = dict(checkpoints)
-    unknown = sorted(set(c) - set(FIELDS))
-    if unknown:
-        raise TeamSizingError(f"checkpoints.{unknown[0]}: unknown key")
-    if "interval_minutes" in c and "interval_steps" in c:
-        raise TeamSizingError("checkpoints.interval_steps: give interval_minutes or interval_steps, not both")
-    if "model" in c and "parameters" in c:
-        raise TeamSizingError("checkpoints.parameters: give model (a preset) or parameters, not both")
+    c = Checkpoints.from_mapping(checkpoints)
     try:
-        params = (
-            int(c["parameters"]) if "parameters" in c else parameters_of_preset(c.get("model", DEFAULT_MODEL))
-        )
-        ckpt = checkpoint_bytes(params, c.get("weights_dtype", "fp32"), c.get("optimizer", "adamw"))
-    except (TypeError, ValueError) as err:
-        raise TeamSizingError(f"checkpoints: {err}") from None
-    step_s = float(c.get("step_seconds", DEFAULT_STEP_SECONDS))
-    steps = (
-        int(c["interval_steps"])
-        if "interval_steps" in c
-        else interval_steps(float(c.get("interval_minutes", DEFAULT_INTERVAL_MINUTES)), step_s)
-    )
-    try:
+        params = c.parameters if c.parameters is not None else parameters_of_preset(c.model or DEFAULT_MODEL)
+        ckpt = checkpoint_bytes(params, c.weights_dtype, c.optimizer)
         return SizingInputs(
             checkpoint_bytes=ckpt,
             nodes=nodes,
             gpus_per_node=gpus_per_node,
             fsx_gib=fsx_gib,
             throughput_per_tib=throughput_per_tib,
-            interval_s=steps * step_s,
-            keep=int(c.get("keep", DEFAULT_KEEP)),
-            step_s=step_s,
-            node_mbps=float(c.get("node_mbps", DEFAULT_NODE_MBPS)),
+            interval_s=c.steps_between_saves * c.step_seconds,
+            keep=c.keep,
+            step_s=c.step_seconds,
+            node_mbps=c.node_mbps,
             nvme_gib_per_node=nvme_gib_per_node,
-            reload_budget_s=60 * float(c.get("reload_budget_minutes", DEFAULT_RELOAD_BUDGET_MINUTES)),
+            reload_budget_s=60 * c.reload_budget_minutes,
         )
     except ValueError as err:
         raise TeamSizingError(f"checkpoints: {err}") from None

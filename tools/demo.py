@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from goodput import predict_from_summary
+from tools import podkill
 from tools.cfn import helm_releases
 from tools.localpods import LocalJob, PodSpec
 from tools.pod_roles import active_at, role_changes, takeover_after
@@ -41,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 RELEASE = "trainer"
 TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
+GUARD_NAME = "numerical guard (rolled back)"
 REPLACE_DELAY_S = 20.0
 STAND_IN_NOTE = (
     "this run used the local stand-in (tools/localjob.py plays the Job controller and the rendezvous "
@@ -249,7 +251,9 @@ class Progress:
         self.seen = len(events)
 
 
-def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
+def run_pods(pod: PodTemplate, out: Path, timeout_s: float, kills: tuple[podkill.Kill, ...] = ()) -> bool:
+    """Run the pods to the end; `kills`: processes SIGKILLed from outside at a step (tools/podkill.py),
+    recorded in out/kills.json."""
     rdzv_port = free_port()
     run_init_containers(pod, out, rdzv_port)
     nnodes = int(pod.trainer.env["NNODES"])
@@ -292,13 +296,18 @@ def run_pods(pod: PodTemplate, out: Path, timeout_s: float) -> bool:
         on_event=on_event,
     ) as job:
         job.start()
+        schedule = podkill.Schedule(kills, job, npods, log=lambda m: say(f"  {m}"))
         deadline = time.monotonic() + timeout_s
         result = None
         while result is None and time.monotonic() < deadline:
             result = job.poll()
             progress.update()
-            time.sleep(0.5)
+            if kills:
+                schedule(read_events(run_dir)[0])
+            time.sleep(0.1 if schedule.pending else 0.5)
         progress.update()
+        if kills:
+            (out / "kills.json").write_text(json.dumps(schedule.records(), indent=1) + "\n")
         if result is None:
             say(f"timed out after {timeout_s:.0f} s")
             return False
@@ -332,6 +341,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "loss_breakdown_s": loss_terms(summary),
         "slow_steps": summary["slow_steps"],
         "stragglers": summary.get("stragglers", []),
+        "guard": summary.get("guard") or {},
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
             "stall_median_s": stall["median"],
@@ -425,7 +435,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         ranks = ",".join(str(r) for r in sorted(f["ranks"]))
         lines.append(
             f"  {f['type']:<10} step {f['step']:<3} rank{'s' if len(f['ranks']) > 1 else ''} {ranks:<4} "
-            f"{TIER_NAMES.get(f['tier'], 'tier ?')}: {status}, detected {secs(f['detection_s'])}, "
+            f"{handled_by(f)}: {status}, detected {secs(f['detection_s'])}, "
             f"back to training {secs(f['mttr_s'])}, {f['steps_recomputed']} steps recomputed"
             + (
                 f" (restored step {f['restored_step']} from {restored_sources(f)})"
@@ -462,6 +472,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
         *describe_slow_steps(r["slow_steps"]),
         *describe_stragglers(r.get("stragglers", [])),
+        *describe_guard(r.get("guard") or {}),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
     ]
@@ -488,6 +499,28 @@ def describe_stragglers(found: list[dict[str, Any]]) -> list[str]:
         f"straggler     node {f['node']} at step {f['step']}: {f['score']:.2f}x its peers' step time "
         f"({f['history']:.2f}x its own first window); {done.get(f['action'], f['action'])} ({f['reason']})"
         for f in found
+    ]
+
+
+def handled_by(fault: dict[str, Any]) -> str:
+    """Which tier recovered a fault; a nan or spike the numerical guard rolled back has none."""
+    if fault["tier"] is None and fault["type"] in ("nan", "spike"):
+        return GUARD_NAME
+    return TIER_NAMES.get(fault["tier"], "tier ?")
+
+
+def describe_guard(guard: dict[str, Any]) -> list[str]:
+    """The numerical guard's rollbacks and suspect nodes (summary.json `guard`), when it acted."""
+    if not guard.get("rollbacks") and not guard.get("suspect_nodes"):
+        return []
+    rollback = guard.get("rollback_s") or {}
+    suspects = ", ".join(str(n) for n in guard.get("suspect_nodes") or []) or "none"
+    median = rollback.get("median")
+    return [
+        f"guard         {guard['rollbacks']} step(s) rolled back, the batch of step(s) "
+        f"{step_ranges(guard.get('skipped_steps') or [])} skipped"
+        + (f", {median:.2f} s median per rollback" if median is not None else "")
+        + f"; suspect nodes: {suspects}"
     ]
 
 
@@ -526,7 +559,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "out/demo", help="output directory")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is abandoned")
+    parser.add_argument(
+        "--kill",
+        action="append",
+        default=[],
+        metavar="PROCESS:step=N[:pod=I]",
+        help="SIGKILL one of a pod's processes from outside at a step (tools/podkill.py; repeatable): "
+        f"{', '.join(podkill.PROCESSES)} (exporter: only with a metricsPort)",
+    )
     args = parser.parse_args(argv)
+    try:
+        kills = tuple(podkill.parse(spec) for spec in args.kill)  # pod indexes: once rendered, below
+    except ValueError as exc:
+        parser.error(str(exc))
 
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: old checkpoints would make it resume, not train
@@ -538,7 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     say("2/4 render the trainer chart with the synthesized values + " + " + ".join(map(str, values)))
     pod = render(release, values, out, args.sets)
     say("3/4 run the pod command locally (CPU, gloo)")
-    job_ok = run_pods(pod, out, args.timeout)
+    npods = int(pod.trainer.env.get("MAX_NNODES", pod.trainer.env["NNODES"]))
+    try:
+        podkill.parse_all(args.kill, pods=npods)
+    except ValueError as exc:
+        parser.error(str(exc))
+    job_ok = run_pods(pod, out, args.timeout, kills)
     say("4/4 report")
     result = report(out / "fsx" / "runs", out, job_ok, int(pod.trainer.env["NPROC_PER_NODE"]))
     faults_ok = bool(result["faults"]) and all(f["recovered"] for f in result["faults"])

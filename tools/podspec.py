@@ -32,11 +32,14 @@ class Container:
 
 @dataclass(frozen=True)
 class PodTemplate:
-    """The trainer Job's pod: its init containers (in order) and its trainer container."""
+    """The trainer Job's pod: its init containers that run to completion (in order), its trainer
+    container, and its sidecars (init containers with restartPolicy Always: they run beside the trainer,
+    so a harness that runs the init containers one after another leaves them out)."""
 
     job_name: str
     init_containers: list[Container]
     trainer: Container
+    sidecars: tuple[Container, ...] = ()
 
 
 def expand(text: str, env: dict[str, str]) -> str:
@@ -72,12 +75,14 @@ def trainer_pod(manifests: list[dict[str, Any]], container_name: str = "trainer"
     job = jobs[0]
     spec = job["spec"]["template"]["spec"]
     main = [c for c in spec["containers"] if c["name"] == container_name]
+    inits = spec.get("initContainers", [])
     if not main:
         raise ValueError(f"no container named {container_name!r} in Job {job['metadata']['name']}")
     return PodTemplate(
         job_name=job["metadata"]["name"],
-        init_containers=[_container(c) for c in spec.get("initContainers", [])],
+        init_containers=[_container(c) for c in inits if c.get("restartPolicy") != "Always"],
         trainer=_container(main[0]),
+        sidecars=tuple(_container(c) for c in inits if c.get("restartPolicy") == "Always"),
     )
 
 

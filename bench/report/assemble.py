@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report.fmt import rows_section
+from bench.report.guard import guard_section
 from bench.report.headline import headline_section
 from bench.report.planner import planner_section
 from bench.report.pods import pods_section
@@ -65,6 +66,9 @@ def build(results: Path) -> str:
     snap = _load(results / "snapshot.json")
     if snap:
         parts.append(snapshots_section(snap, stall))
+    guard = _load(results / "guard.json")
+    if guard:
+        parts.append(guard_section(guard))
     synth = _load(results / "synth.json")
     if synth:
         parts.append(synth_section(synth))

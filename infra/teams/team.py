@@ -18,7 +18,7 @@ from infra.teams.aws_rules import (
 )
 from infra.teams.base import StrictModel
 from infra.teams.chart_bounds import chart_bound_problem
-from infra.teams.checkpoints import CheckpointConfig, checkpoint_values, sizing_inputs
+from infra.teams.checkpoints import TeamCheckpoints, checkpoint_values, sizing_inputs
 from infra.teams.errors import FieldError
 from infra.teams.network import NetworkConfig
 from infra.teams.nodes import GpuNodeGroupConfig, SystemNodeGroupConfig
@@ -45,7 +45,7 @@ class TeamConfig(StrictModel):
     gpu_node_group: GpuNodeGroupConfig = GpuNodeGroupConfig()
     system_node_group: SystemNodeGroupConfig = SystemNodeGroupConfig()
     fsx: FsxConfig = FsxConfig()
-    checkpoints: CheckpointConfig = CheckpointConfig()
+    checkpoints: TeamCheckpoints = TeamCheckpoints()
     """The checkpoint cadence the file system is sized for (checked at synthesis; chart ckpt* values)."""
     observability: ObservabilityConfig = ObservabilityConfig()
     gpu_quota: Annotated[int, Field(ge=1)] | None = None
@@ -137,9 +137,10 @@ class TeamConfig(StrictModel):
         limit = self.observability.alarms.max_checkpoint_age_minutes
         if cadence_s < limit * 60:
             return
-        ck = self.checkpoints
         written = [
-            f for f in ("interval_steps", "interval_minutes", "step_seconds") if f in ck.model_fields_set
+            f
+            for f in ("interval_steps", "interval_minutes", "step_seconds")
+            if f in self.checkpoints.model_fields_set
         ]
         loc: tuple[str, ...] = (
             ("checkpoints", written[0])
@@ -156,7 +157,7 @@ class TeamConfig(StrictModel):
     def _check_chart_bounds(self) -> None:
         """Each chart value this team derives is within the chart's own schema bounds (values.schema.json),
         so the chart never refuses at deploy what passed here; the error names the field the team wrote."""
-        ck = self.checkpoints
+        ck = self.checkpoints.declared()
         if ck.interval_steps is not None:
             interval: tuple[float, tuple[str, ...], str] = (
                 ck.interval_steps,
@@ -165,7 +166,8 @@ class TeamConfig(StrictModel):
             )
         else:
             minutes = ck.interval_minutes or teamfile.DEFAULT_INTERVAL_MINUTES
-            written = "step_seconds" if "step_seconds" in ck.model_fields_set else "interval_minutes"
+            set_fields = self.checkpoints.model_fields_set
+            written = "step_seconds" if "step_seconds" in set_fields else "interval_minutes"
             steps = minutes * 60 / ck.step_seconds  # what teamfile.interval_steps floors, if finite
             interval = (
                 max(1, math.floor(steps)) if math.isfinite(steps) else steps,  # as teamfile.interval_steps

@@ -51,6 +51,7 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 - --ft-no-restart-exit-code=93
 - --ft-max-no-progress-cycles={{ int $v.maxNoProgressCycles }}
 - --ft-checkpoint-iteration-file=$(CHECKPOINT_DIR)/latest_checkpointed_iteration.txt
+{{ include "trainer.nodeHealthLauncherArgs" . }}
 - -m
 - trainer
 {{ include "trainer.trainerArgs" . }}
@@ -59,44 +60,93 @@ its own client connects: itself). tools/podcommand.py rendezvous_argv derives th
 {{- end }}
 {{- end }}
 
-{{/* The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. */}}
-{{- define "trainer.trainerArgs" -}}
+{{/*
+ft_launcher's node health options (docs/operations.md, "Node health"): before it joins each rendezvous
+round, the launcher asks the pod's node-health sidecar (trainer.nodeHealthContainer) over its Unix socket,
+and runs NVRx's own Lustre/NFS mount check; a node that fails is refused and a spare joins instead. NVRx
+records each restart cycle under the run's output directory.
+*/}}
+{{- define "trainer.nodeHealthLauncherArgs" -}}
 {{- $v := .Values -}}
-- --ckpt-dir=$(CHECKPOINT_DIR)
-- --ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)
-- --out-dir=$(OUT_DIR)
-- --steps={{ int $v.steps }}
-- --seed={{ int $v.seed }}
-- --ckpt-interval={{ int $v.ckptInterval }}
-- --ckpt-keep={{ int $v.ckptKeep }}
-- {{ printf "--ckpt-mode=%s" $v.ckptMode | quote }}
-- {{ printf "--ckpt-write-timeout=%v" $v.ckptWriteTimeout | quote }}
-- --ckpt-failure-limit={{ int $v.ckptFailureLimit }}
-- {{ ternary "--allow-fresh-start" "--no-allow-fresh-start" $v.allowFreshStart }}
-- --snapshot-interval={{ int $v.snapshotInterval }}
-- {{ ternary "--snapshot-replication" "--no-snapshot-replication" $v.snapshotReplication }}
-- {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
-- {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
-- {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}
-- {{ printf "--inprocess-hard-timeout=%v" $v.inprocessHardTimeout | quote }}
-- {{ printf "--inprocess-barrier-timeout=%v" $v.inprocessBarrierTimeout | quote }}
-- {{ printf "--heartbeat-timeout=%v" $v.ftRankHeartbeatTimeout | quote }}
-- {{ printf "--inprocess-liveness-timeout=%v" $v.inprocessLivenessTimeout | quote }}
-- {{ printf "--hang-timeout-floor=%v" $v.hangTimeoutFloor | quote }}
-- {{ printf "--hang-timeout-factor=%v" $v.hangTimeoutFactor | quote }}
-- --hang-warmup-steps={{ int $v.hangWarmupSteps }}
-{{- range $name := keys $v.faults | sortAlpha }}
-- {{ printf "--fault=%s" (get $v.faults $name) | quote }}
+- --ft-cycle-info-dir=$(OUT_DIR)/nvrx-cycles
+{{- if $v.nodeHealth }}
+- --ft-node-health-check-endpoint={{ include "trainer.nodeHealthSocket" . }}
+- --ft-enable-dist-storage-healthcheck=true
+{{- if $v.nodeHealthPathCheck }}
+- {{ printf "--ft-storage-health-check-path=%s" $v.storage.mountPath | quote }}
 {{- end }}
-- --fault-seed={{ int $v.faultSeed }}
-- --max-repeated-faults={{ int $v.maxRepeatedFaults }}
-- --straggler-policy={{ $v.stragglerPolicy }}
-- --metrics-port={{ int $v.metricsPort }}
-- {{ printf "--metrics-linger=%v" $v.metricsLinger | quote }}
-- {{ printf "--device=%s" $v.device | quote }}
-- {{ printf "--entrypoint=%s" $v.entrypoint | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "trainer.nodeHealthSocketDir" -}}/run/trainer-health{{- end }}
+{{- define "trainer.nodeHealthSocket" -}}{{ include "trainer.nodeHealthSocketDir" . }}/health.sock{{- end }}
+
+{{/*
+The node health daemon (python -m trainer.health) as a native sidecar: an init container with
+restartPolicy Always, started after the other init containers and before the trainer, which the kubelet
+starts only once the startup probe finds the socket (NVRx's launcher looks for it once, when it starts,
+and skips the check for good if it is missing), and stops after the trainer ends (a Job's pod still
+completes). Its socket lives in an emptyDir only this pod mounts (docs/security.md). The GPUs and EFA
+devices belong to the trainer container; the daemon sees the GPUs through the NVIDIA runtime
+(NVIDIA_VISIBLE_DEVICES=all, utility only) where the cluster allows it, and skips each device check with
+its reason where it sees no device.
+*/}}
+{{- define "trainer.nodeHealthContainer" -}}
+{{- $v := .Values -}}
+- name: node-health
+  image: {{ include "trainer.image" . | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy | quote }}
+  restartPolicy: Always
+  command: [python, -m, trainer.health]
+  args:
+    - --socket={{ include "trainer.nodeHealthSocket" . }}
+    - --storage-path=$(OUT_DIR)
+    - {{ printf "--storage-deadline=%v" $v.nodeHealthStorageDeadline | quote }}
+    - {{ printf "--nvme-path=%s" (include "trainer.localNvmeMount" .) | quote }}
+    - {{ printf "--nvme-min-free-gib=%v" $v.nodeHealthNvmeMinFreeGiB | quote }}
+    - --gpus={{ int $v.gpusPerNode }}
+    - --efa-devices={{ include "trainer.efaPerNode" . | int }}
+  env:
+    - name: OUT_DIR
+      value: {{ printf "%s/runs/%s" (trimSuffix "/" $v.storage.mountPath) (include "trainer.runName" .) | quote }}
+    - name: HOME
+      value: /tmp
+    - name: PYTHONUNBUFFERED
+      value: "1"
+    {{- if ne $v.device "cpu" }}
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: all
+    - name: NVIDIA_DRIVER_CAPABILITIES
+      value: utility
+    {{- end }}
+  startupProbe:
+    exec:
+      command: [python, -m, trainer.health, probe, --socket, {{ include "trainer.nodeHealthSocket" . }}]
+    periodSeconds: 1
+    failureThreshold: 120
+  resources:
+    {{- include "trainer.helperResources" . | nindent 4 }}
+  securityContext:
+    {{- include "trainer.containerSecurityContext" . | nindent 4 }}
+  volumeMounts:
+    - name: fsx
+      mountPath: {{ $v.storage.mountPath | quote }}
+    - name: local-nvme
+      mountPath: {{ include "trainer.localNvmeMount" . | quote }}
+      readOnly: true
+    - name: node-health
+      mountPath: {{ include "trainer.nodeHealthSocketDir" . }}
+    {{- include "trainer.scratchMount" . | nindent 4 }}
+{{- end }}
+
+{{/*
+The trainer's own arguments (after `-m trainer`); the check-config init container reuses them. The
+settings' options are generated (templates/_trainer_args.tpl, tools/chartgen.py); extraTrainerArgs last.
+*/}}
+{{- define "trainer.trainerArgs" -}}
+{{ include "trainer.settingArgs" . }}
 {{- /* `$` doubled, as for entrypointArgs: each argument reaches the trainer exactly as written. */}}
-{{- range $v.extraTrainerArgs }}
+{{- range .Values.extraTrainerArgs }}
 - {{ replace "$" "$$" . | quote }}
 {{- end }}
 {{- end }}
@@ -120,16 +170,6 @@ the kubelet expands `$(VAR)` in args and reads `$$` as `$`, so each reaches the 
 - {{ replace "$" "$$" . | quote }}
 {{- end }}
 {{- end }}
-{{- end }}
-
-{{/* The reference model's options (trainer/reference/config.py REFERENCE_CHART_TABLE). */}}
-{{- define "trainer.referenceArgs" -}}
-{{- $v := .Values -}}
-- --data-path=$(DATA_PATH)
-- {{ printf "--preset=%s" $v.preset | quote }}
-- --seq-len={{ int $v.seqLen }}
-- --micro-batch-size={{ int $v.microBatchSize }}
-- {{ printf "--lr=%v" $v.lr | quote }}
 {{- end }}
 
 {{/*
@@ -357,6 +397,9 @@ spec:
         - name: local-nvme
           mountPath: {{ include "trainer.localNvmeMount" . | quote }}
         {{- include "trainer.scratchMount" . | nindent 8 }}
+  {{- if $v.nodeHealth }}
+    {{- include "trainer.nodeHealthContainer" . | nindent 4 }}
+  {{- end }}
   containers:
     - name: trainer
       image: {{ include "trainer.image" . | quote }}
@@ -395,6 +438,10 @@ spec:
           mountPath: /dev/shm
         {{- include "trainer.keyMounts" . | nindent 8 }}
         {{- include "trainer.scratchMount" . | nindent 8 }}
+        {{- if $v.nodeHealth }}
+        - name: node-health
+          mountPath: {{ include "trainer.nodeHealthSocketDir" . }}
+        {{- end }}
   volumes:
     - name: fsx
       persistentVolumeClaim:
@@ -409,6 +456,12 @@ spec:
         sizeLimit: {{ $v.shmSize | quote }}
     {{- include "trainer.keyVolumes" . | nindent 4 }}
     {{- include "trainer.scratchVolume" . | nindent 4 }}
+    {{- if $v.nodeHealth }}
+    - name: node-health
+      emptyDir:
+        medium: Memory
+        sizeLimit: 1Mi
+    {{- end }}
 {{- end }}
 
 {{/* Pod failure handling shared by the Job and the JobSet's Job (see podRetriesPerIndex in values). */}}

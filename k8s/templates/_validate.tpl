@@ -83,10 +83,13 @@ unquoted y, yes, on (n, no, off) key arrives as "true" ("false"), and two of the
 {{- end }}
 {{- $step := get $seen "step" | int }}
 {{- $last := sub (int $v.steps) 1 }}
-{{- if ne (eq $kind "slow") (hasKey $seen "factor") }}
-{{- fail (printf "faults.%s: %q: factor=F is for slow, which needs it" $name $spec) }}
+{{- if and (eq $kind "slow") (not (hasKey $seen "factor")) }}
+{{- fail (printf "faults.%s: %q: slow needs factor=F" $name $spec) }}
 {{- end }}
-{{- if and (hasKey $seen "factor") (or (le (float64 (get $seen "factor")) 1.0) (gt (float64 (get $seen "factor")) 100.0)) }}
+{{- if and (hasKey $seen "factor") (not (has $kind (list "slow" "spike"))) }}
+{{- fail (printf "faults.%s: %q: factor=F is for slow and spike only" $name $spec) }}
+{{- end }}
+{{- if and (eq $kind "slow") (hasKey $seen "factor") (or (le (float64 (get $seen "factor")) 1.0) (gt (float64 (get $seen "factor")) 100.0)) }}
 {{- fail (printf "faults.%s: %q: factor must be > 1 and <= 100" $name $spec) }}
 {{- end }}
 {{- if and (eq $kind "slow") (hasKey $seen "rank") (hasKey $seen "node") }}
@@ -239,11 +242,15 @@ NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors 
 {{- if gt (float64 $v.ftRankHeartbeatTimeout) (float64 $v.ftInitialRankHeartbeatTimeout) }}
 {{- fail (printf "timeouts must nest: ftRankHeartbeatTimeout (%v s) must not exceed ftInitialRankHeartbeatTimeout (%v s); see values.yaml" $v.ftRankHeartbeatTimeout $v.ftInitialRankHeartbeatTimeout) }}
 {{- end }}
+{{- /* null: the trainer's own default (min(10 s, inprocessHardTimeout), trainer/resilience/timeouts.py),
+     checked by the check-config init container. */}}
+{{- if not (kindIs "invalid" $v.inprocessLivenessTimeout) }}
 {{- if gt (float64 $v.inprocessLivenessTimeout) (float64 $v.inprocessHardTimeout) }}
 {{- fail (printf "timeouts must nest: inprocessLivenessTimeout (%v s) must not exceed inprocessHardTimeout (%v s); see values.yaml" $v.inprocessLivenessTimeout $v.inprocessHardTimeout) }}
 {{- end }}
 {{- if le (float64 $v.inprocessLivenessTimeout) 1.0 }}
 {{- fail (printf "inprocessLivenessTimeout (%v s) must exceed the Wrapper's 1 s heartbeat interval" $v.inprocessLivenessTimeout) }}
+{{- end }}
 {{- end }}
 {{- include "trainer.requireIncreasing" (list
       (list "ftWorkloadCheckInterval" $v.ftWorkloadCheckInterval)
@@ -253,9 +260,11 @@ NotIn need values, Exists and DoesNotExist take none, Gt and Lt (node selectors 
       (list "ftRankHeartbeatTimeout" $v.ftRankHeartbeatTimeout)) }}
 {{- /* The calculated hang timeout (trainer/resilience/hangtimeout.py) acts only after a lost node was
      noticed (liveness) and is checked at least once before it runs out. */}}
+{{- if not (kindIs "invalid" $v.inprocessLivenessTimeout) }}
 {{- include "trainer.requireIncreasing" (list
       (list "inprocessLivenessTimeout" $v.inprocessLivenessTimeout)
       (list "hangTimeoutFloor" $v.hangTimeoutFloor)) }}
+{{- end }}
 {{- include "trainer.requireIncreasing" (list
       (list "ftWorkloadCheckInterval" $v.ftWorkloadCheckInterval)
       (list "hangTimeoutFloor" $v.hangTimeoutFloor)) }}

@@ -60,13 +60,13 @@ def test_contract_2_command_shape() -> None:
     i = args.index("-m")
     assert args[i + 1 : i + 5] == [
         "trainer",
+        "--out-dir=$(OUT_DIR)",
         "--ckpt-dir=$(CHECKPOINT_DIR)",
         "--ckpt-local-dir=$(LOCAL_CHECKPOINT_DIR)",
-        "--out-dir=$(OUT_DIR)",
     ]
     # The reference entry point (the default) gets its own options after `--`, its data among them.
     cut = args.index("--")
-    assert args[cut - 1] == "--entrypoint=trainer.reference:train"
+    assert "--entrypoint=trainer.reference:train" in args[i:cut]
     assert args[cut + 1 :] == [
         "--data-path=$(DATA_PATH)",
         "--preset=8b",
@@ -167,7 +167,8 @@ def test_default_flags_parse_as_the_trainer_expects() -> None:
     options, entry_args = split_entry_args(trainer_flags)
     args = make_parser().parse_args(options)
     ours = reference_parser().parse_args(list(entry_args))
-    assert (ours.model__preset, ours.data__seq_len, args.run__device) == ("8b", 4096, "cuda")
+    # The settings' own defaults (generated into values.yaml): auto is cuda on every node that shows a GPU.
+    assert (ours.model__preset, ours.data__seq_len, args.run__device) == ("8b", 4096, "auto")
     assert str(ours.data__path) == "/fsx/data/tokens.npy"
 
 
@@ -243,6 +244,7 @@ def test_security_context_and_volumes() -> None:
         "fsx": "/fsx",
         "local-nvme": "/local-nvme",
         "dshm": "/dev/shm",
+        "node-health": "/run/trainer-health",
         "scratch": "/tmp",
         **keys,
     }
@@ -285,8 +287,9 @@ def test_contract_1_values_reach_the_pods() -> None:
 def test_synthetic_data_init_container_matches_the_preset_vocabulary() -> None:
     values = {"syntheticTokens": 5000, "preset": "small", "seqLen": 2048}
     pod = by_kind(render(values), "Job")[0]["spec"]["template"]["spec"]
-    init, check = pod["initContainers"]  # data first: the config check looks for the data file
-    assert (init["name"], check["name"]) == ("synthetic-data", "check-config")
+    # Data first: the config check looks for the data file; the node-health sidecar starts last.
+    init, check, health = pod["initContainers"]
+    assert (init["name"], check["name"], health["name"]) == ("synthetic-data", "check-config", "node-health")
     script = init["args"][0]
     assert (
         "python -m trainer.reference.data" in script
@@ -294,7 +297,7 @@ def test_synthetic_data_init_container_matches_the_preset_vocabulary() -> None:
         and "--vocab 32000" in script
     )
     without = by_kind(render(), "Job")[0]["spec"]["template"]["spec"]["initContainers"]
-    assert [c["name"] for c in without] == ["check-config"]
+    assert [c["name"] for c in without] == ["check-config", "node-health"]
 
 
 def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path) -> None:
@@ -305,7 +308,7 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
 
     job = by_kind(render(), "Job")[0]
     pod = job["spec"]["template"]["spec"]
-    check = pod["initContainers"][-1]
+    check = next(c for c in pod["initContainers"] if c["name"] == "check-config")
     trainer = trainer_container(render())
     assert check["command"] == ["python", "-m", "trainer"]
     cut = check["args"].index("--")  # the reference entry point's options (the default) come last
@@ -320,7 +323,8 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
 
     def start_check(values: dict[str, Any]) -> subprocess.Popen[str]:
         container = by_kind(render({**values, "dataPath": str(data), "device": "cpu"}), "Job")[0]
-        check = container["spec"]["template"]["spec"]["initContainers"][-1]
+        inits = container["spec"]["template"]["spec"]["initContainers"]
+        check = next(c for c in inits if c["name"] == "check-config")
         env = env_of(check)
         argv = [expand(a, env) for a in check["args"]]
         return subprocess.Popen(

@@ -99,7 +99,7 @@ def test_defaults_render_the_reference_entry_point_with_its_own_options() -> Non
     trainer, check = _containers(render())
     flags = _trainer_part(_kubelet_argv(trainer))
     cut = flags.index("--")
-    assert flags[cut - 1] == f"--entrypoint={REFERENCE_ENTRYPOINT}"
+    assert f"--entrypoint={REFERENCE_ENTRYPOINT}" in flags[:cut]
     reference = ["--data-path", "--preset", "--seq-len", "--micro-batch-size", "--lr"]
     assert [a.split("=")[0] for a in flags[cut + 1 :]] == reference
     assert check["args"].index("--") - 1 == check["args"].index("--check-config")
@@ -135,8 +135,13 @@ def test_entry_args_arrive_exactly_as_written(tmp_path: Path) -> None:
     # In the manifest: each argument is one double-quoted scalar, every `$` doubled for the kubelet.
     assert trainer["args"][-len(TRICKY_ARGS) - 1 :] == ["--", *(a.replace("$", "$$") for a in TRICKY_ARGS)]
     lines = result.stdout.splitlines()
-    heads = ("- --check-config", f'- "--entrypoint={TEAM}"')  # the last trainer option of each container
-    starts = [i for i, line in enumerate(lines) if line.strip() == '- "--"' and lines[i - 1].strip() in heads]
+    # The separator right after each container's last trainer option (an unquoted `- --name=value`; the
+    # tricky arguments hold a "--" of their own, quoted, after a quoted argument).
+    starts = [
+        i
+        for i, line in enumerate(lines)
+        if line.strip() == '- "--"' and lines[i - 1].strip().startswith("- --")
+    ]
     assert len(starts) == 2  # check-config and the trainer
     for start in starts:
         for line in lines[start + 1 : start + 1 + len(TRICKY_ARGS)]:

@@ -53,7 +53,7 @@ def test_small_containers_have_limits_and_home_is_on_scratch() -> None:
     workload = pods.pop("workload")
     small = [c for c in workload["initContainers"] if c["name"] != "check-config"]
     small += [c for pod in pods.values() for c in pod["containers"]]
-    assert {c["name"] for c in small} == {"prepare-dirs", "synthetic-data", "check", "summary"}
+    assert {c["name"] for c in small} == {"prepare-dirs", "synthetic-data", "node-health", "check", "summary"}
     for c in small:
         assert set(c["resources"]["limits"]) >= {"cpu", "memory"}, c["name"]
     pod = trainer_pod(manifests)

@@ -9,7 +9,7 @@ import pytest
 import goodput
 from goodput import PlanError, Tier
 from goodput.cli import main
-from goodput.inputs import NODE_LOSS_MTTR_S
+from goodput.inputs import GUARD_ROLLBACK_S, NODE_LOSS_MTTR_S
 from tests.goodput._plans import TIERS
 
 
@@ -99,8 +99,10 @@ def test_measured_mttrs_come_from_the_recovery_bench(tmp_path, capsys):
     path.write_text(json.dumps(rec))
     assert main(["--measured", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    # The default tiers: in-process measured, node-loss (no scenario: its assumed MTTR), job-restart.
-    assert [t["mttr_s"] for t in out["plan"]["tiers"]] == [1.5, float(NODE_LOSS_MTTR_S), 12.0]
+    # The default tiers: in-process measured, node-loss (no scenario: its assumed MTTR), job-restart,
+    # corruption (no scenario: the guard's rollback, assumed).
+    mttrs = [t["mttr_s"] for t in out["plan"]["tiers"]]
+    assert mttrs == [1.5, float(NODE_LOSS_MTTR_S), 12.0, GUARD_ROLLBACK_S]
 
 
 def test_a_node_loss_reported_by_each_rank_is_one_incident():

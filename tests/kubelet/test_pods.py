@@ -87,6 +87,37 @@ def test_pod_runs_init_then_main_with_env_volumes_and_logs(cluster: Cluster) -> 
     assert not shm.startswith("/dev/shm") and pod.metadata.uid in shm and shm.endswith("/snapshots")
 
 
+def test_a_sidecar_is_started_before_the_main_container_and_stopped_after_it(cluster: Cluster) -> None:
+    """A native sidecar (the chart's node-health daemon is one): the main container starts only once the
+    sidecar's exec startup probe passes (with the container's paths), the pod completes although the
+    sidecar never exits on its own, and an emptyDir's path is short enough for a Unix socket."""
+    mounts = [{"name": "run", "mountPath": "/run/side"}]
+    cluster.create_pod(
+        "sidecar",
+        restartPolicy="Never",
+        terminationGracePeriodSeconds=5,
+        initContainers=[
+            {"name": "side", "image": "x", "restartPolicy": "Always", "command": SH,
+             "args": ["sleep 2; echo up > /run/side/ready; exec sleep 600"], "volumeMounts": mounts,
+             "startupProbe": {"exec": {"command": ["test", "-f", "/run/side/ready"]}, "periodSeconds": 1,
+                              "failureThreshold": 60}},
+        ],
+        containers=[
+            {"name": "main", "image": "x", "command": SH, "volumeMounts": mounts,
+             "args": ['cat /run/side/ready; echo "dir=/run/side"']},
+        ],
+        volumes=[{"name": "run", "emptyDir": {}}],
+    )  # fmt: skip
+    pod = cluster.wait_phase("sidecar", ("Succeeded", "Failed"))
+    assert pod.status.phase == "Succeeded"
+    lines = cluster.log("sidecar", container="main").splitlines()
+    assert lines[0] == "up", "the main container started before the sidecar's startup probe passed"
+    folder = lines[1].removeprefix("dir=")
+    assert pod.metadata.uid in folder and len(folder + "/health.sock") <= 107, folder
+    side = pod.status.init_container_statuses[0]
+    assert side.name == "side" and side.state.terminated is not None, side
+
+
 def test_failing_container_reports_exit_code_and_never_restarts_under_never(cluster: Cluster) -> None:
     cluster.create_pod(
         "fails",

@@ -151,9 +151,9 @@ def test_team_file_defaults_and_errors() -> None:
     for bad, match in [
         ({"interval_minutes": 5, "interval_steps": 9}, "checkpoints.interval_steps: give"),
         ({"model": "8b", "parameters": 9}, "checkpoints.parameters: give"),
-        ({"model": "405b"}, "unknown model preset '405b'"),
+        ({"model": "405b"}, "checkpoints.model: must be one of tiny, small, 1b, 8b, 70b, got '405b'"),
         ({"colour": 1}, "checkpoints.colour: unknown key"),
-        ({"keep": 0}, "keep must be an integer >= 1"),
+        ({"keep": 0}, "checkpoints.keep: must be >= 1, got 0"),
     ]:
         with pytest.raises(TeamSizingError, match=match):
             team_inputs({**team, "checkpoints": bad})

@@ -143,3 +143,18 @@ def test_values_files_layer_in_order_and_a_null_drops_a_key(tmp_path: Path) -> N
     straggler = layer([repo / "demo-values.yaml", repo / "demo-straggler.yaml"])
     assert straggler["faults"] == {"slow": "slow:step=5:node=1:factor=3"}
     assert layer([repo / "demo-values.yaml", repo / "demo-fault-free.yaml"])["faults"] == {}
+
+
+def test_the_report_names_the_guards_rollbacks_and_suspect_nodes() -> None:
+    from tools.demo import GUARD_NAME, describe_guard, handled_by
+
+    assert describe_guard({"rollbacks": 0, "skipped_steps": [], "suspect_nodes": []}) == []
+    guard = {"rollbacks": 2, "skipped_steps": [4, 9], "rollback_s": {"median": 0.25}, "suspect_nodes": [1]}
+    (line,) = describe_guard(guard)
+    assert line == (
+        "guard         2 step(s) rolled back, the batch of step(s) 4, 9 skipped, 0.25 s median per rollback; "
+        "suspect nodes: 1"
+    ), line
+    assert handled_by({"tier": None, "type": "nan"}) == GUARD_NAME
+    assert handled_by({"tier": None, "type": "sigkill"}) == "tier ?"
+    assert handled_by({"tier": 2, "type": "spike"}).startswith("tier 2")

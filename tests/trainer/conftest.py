@@ -13,7 +13,6 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from tests.helpers import free_port
-from tests.trainer._pods import PODS_CFG, PODS_STEPS
 
 
 @pytest.fixture(scope="session")
@@ -86,14 +85,8 @@ def faulty_run(token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
 
 @pytest.fixture(scope="session")
 def pods_clean_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
-    """A fault-free run of the chart's pod command as 2 local pods + 1 hot spare, 1 rank each, 40 steps,
-    snapshots replicated (bench/recovery_pods.py, rdzvLastCallTimeout 1 s): its record and directory.
-    The reference digest of every pods-level fault test with those values (tests/trainer/launcher/
-    test_no_single_point.py, tests/trainer/resilience/test_straggler_evict.py)."""
-    from bench import recovery_pods
-    from bench.recovery_pods import PodsScenario
+    """(the record, the run directory) of the fault-free pods run (tests/trainer/launcher/pods.py) every
+    faulted pods run of its shape compares with (launcher/ and resilience/ tests alike)."""
+    from tests.trainer.launcher import pods
 
-    work = tmp_path_factory.mktemp("pods-clean")
-    data = recovery_pods.make_data(work / "tokens.npy", PODS_CFG)
-    clean = PodsScenario("clean", 2, 1, 1, (), snapshots=True, steps=PODS_STEPS)
-    return recovery_pods.run_once(clean, PODS_CFG, work / "clean", data), work / "clean"
+    return pods.clean_run(tmp_path_factory)

@@ -19,6 +19,6 @@ Kubernetes control plane (tools/controlplane), so the chart's pods run as local 
 
 What it does not do: isolate pods (one network namespace, one filesystem: every pod is 127.0.0.1 and sees
 its volumes through rewritten paths, sandbox.py), enforce resource limits or readOnly mounts, run
-liveness/startup probes, pull images, run sidecar (restartable) init containers, or serve exec/attach/
-port-forward.
+liveness probes, restart a sidecar (restartable init container: run, stopped after the main containers,
+its exec startup probe awaited), pull images, or serve exec/attach/port-forward.
 """

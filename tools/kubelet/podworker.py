@@ -2,11 +2,13 @@
 process trees (tools/localpod.py: every process of a container is found by an inherited marker and
 killed whole), its status reported through the API, its deletion honoured.
 
-restartPolicy: `Never` leaves an exited container terminated; `OnFailure` restarts one that failed;
-`Always` restarts it whatever its exit code; an init container is retried unless the policy is `Never`
-(then the pod fails). Restarts wait the kubelet's back-off: `restart_backoff_s`, doubled per restart of
-the container, at most five minutes. The pod is Succeeded when every container exited 0 and none will
-restart, Failed when one did not.
+A sidecar (an init container with restartPolicy Always) starts in its place among the init containers,
+the next one waiting for its exec startup probe; it is stopped once the main containers have ended and
+does not decide the pod's phase. restartPolicy: `Never` leaves an exited container terminated;
+`OnFailure` restarts one that failed; `Always` restarts it whatever its exit code; an init container is
+retried unless the policy is `Never` (then the pod fails). Restarts wait the kubelet's back-off:
+`restart_backoff_s`, doubled per restart of the container, at most five minutes. The pod is Succeeded
+when every container exited 0 and none will restart, Failed when one did not.
 
 Deletion (a deletionTimestamp): SIGTERM to every container's main process, SIGKILL of every process of
 the pod after the grace period (the pod's deletionGracePeriodSeconds), the final status posted, then the
@@ -111,6 +113,7 @@ class PodWorker(threading.Thread):
         self._start_time = now_iso()
         self._phase = "Pending"
         self._init_done = not self.init
+        self._sidecars: list[ContainerState] = []
         self._folders: dict[str, Path] = {}
         self.finished = threading.Event()
 
@@ -208,6 +211,7 @@ class PodWorker(threading.Thread):
                 changed |= ready != state.ready
                 state.ready = ready
             if not due and all("terminated" in c.state for c in self.main):
+                self._stop_sidecars()
                 self._phase = "Succeeded" if all(c.exit_code == 0 for c in self.main) else "Failed"
                 self._post()
                 break
@@ -237,6 +241,8 @@ class PodWorker(threading.Thread):
 
     def _run_init(self, spec: Mapping[str, Any], state: ContainerState) -> bool:
         """Run one init container until it succeeds; False when the pod fails or is stopped first."""
+        if spec.get("restartPolicy") == "Always":
+            return self._start_sidecar(spec, state)
         while True:
             self._start(spec, state)
             self._post()
@@ -255,6 +261,55 @@ class PodWorker(threading.Thread):
             if self._stopping.wait(self._backoff(state)):
                 return False
             state.last_state, state.restart_count = state.state, state.restart_count + 1
+
+    def _start_sidecar(self, spec: Mapping[str, Any], state: ContainerState) -> bool:
+        """A sidecar (an init container with restartPolicy Always): started, then the next container
+        waits for its startup probe, run with the container's paths; True once it passed. Not restarted
+        here: one that exits before its probe passes fails the pod."""
+        self._start(spec, state)
+        self._post()
+        probe = spec.get("startupProbe")
+        if probe and "exec" in probe:
+            mounts = mount_map(spec, self._folders)
+            command = [self._local(a, mounts) for a in probe["exec"]["command"]]
+            period = float(probe.get("periodSeconds", 10))
+            while not self._probe_command(command, float(probe.get("timeoutSeconds", 1))):
+                if self._reap(state):
+                    self._phase = "Failed"
+                    self._post()
+                    return False
+                if self._stopping.wait(period):
+                    return False
+        state.ready = True
+        self._sidecars.append(state)
+        self._post()
+        return True
+
+    def _probe_command(self, command: list[str], timeout_s: float) -> bool:
+        try:
+            done = subprocess.run(
+                command, env=dict(self.ctx.image_env), cwd=self.ctx.workdir, capture_output=True,
+                timeout=timeout_s, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
+    def _stop_sidecars(self) -> None:
+        """After the last main container ended: SIGTERM to each sidecar, SIGKILL after the grace period."""
+        with self._lock:
+            runs = {s.name: self._runs[s.name] for s in self._sidecars if s.name in self._runs}
+        for run in runs.values():
+            with _quiet():
+                os.kill(run.pod.pid, signal.SIGTERM)
+        deadline = time.monotonic() + float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        while time.monotonic() < deadline and any(r.pod.poll() is None for r in runs.values()):
+            time.sleep(POLL_S)
+        for state in self._sidecars:
+            left = runs.get(state.name)
+            if left is not None and left.pod.poll() is None:
+                left.pod.kill()
+            self._reap(state)
 
     def _start(self, spec: Mapping[str, Any], state: ContainerState) -> None:
         started = now_iso()
@@ -429,6 +484,7 @@ def shutil_volumes(sandbox: PodSandbox) -> None:
     """A stopped pod's volumes go (its memory-backed /dev/shm above all); its logs stay for reading."""
     import shutil
 
+    sandbox.remove_short_link()
     shutil.rmtree(sandbox.volumes_dir, ignore_errors=True)
 
 

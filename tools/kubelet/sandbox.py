@@ -10,6 +10,9 @@ a path inside the container into the folder that holds it here.
     <storage root>/<path>       a PersistentVolumeClaim's bound volume (`hostPath`, `local` or `nfs`
                                 path): network storage every node mounts, one folder here for all nodes
 
+An emptyDir is named through `/tmp/pk-<uid>` (a link to the pod's volumes/), so that a Unix socket in it
+(the node-health sidecar's) has a path within the 107 bytes a socket address holds.
+
 No mount namespace is made (it needs root): a process sees this host's filesystem, and every path under
 a mountPath in its env, arguments or working directory is rewritten to the local folder instead
 (`MountMap.rewrite`). A program that reaches a mounted path without naming it (a default compiled in)
@@ -18,9 +21,11 @@ misses the volume: give it the path as an argument or an env value. readOnly is 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,11 +78,28 @@ class PodSandbox:
     def volumes_dir(self) -> Path:
         return self.root / "volumes"
 
+    @property
+    def short_volumes_dir(self) -> Path:
+        """A short link to volumes_dir, named by the pod's uid (the last part of the root's name)."""
+        return Path(tempfile.gettempdir()) / f"pk-{self.root.name.rsplit('_', 1)[-1]}"
+
+    def remove_short_link(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.short_volumes_dir.is_symlink():
+                self.short_volumes_dir.unlink()
+
     def log_path(self, container: str, restart: int) -> Path:
         return self.root / "logs" / container / f"{restart}.log"
 
     def remove(self) -> None:
+        self.remove_short_link()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def _short(self, folder: Path) -> Path:
+        link = self.short_volumes_dir
+        if not link.is_symlink():
+            link.symlink_to(self.volumes_dir, target_is_directory=True)
+        return link / folder.name
 
     def set_up(
         self,
@@ -96,7 +118,7 @@ class PodSandbox:
             own = self.volumes_dir / name
             if "emptyDir" in volume:
                 own.mkdir(parents=True, exist_ok=True)
-                folders[name] = own
+                folders[name] = self._short(own)
             elif "hostPath" in volume:
                 folders[name] = self._host_path(volume["hostPath"], name)
             elif "persistentVolumeClaim" in volume:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainer.config.settings import ConfigError, check, setting
+from trainer.config.settings import WEEK_S, ConfigError, check, setting
 
 CkptMode = Literal["nvrx", "torch-async", "sync"]
 MODES: tuple[str, ...] = ("nvrx", "torch-async", "sync")
@@ -38,12 +38,24 @@ class CheckpointConfig:
     """Node-local tier (the node's NVMe): each save is written and sealed here first, then drained to `dir`,
     where it is committed (trainer/checkpoint/local_tier.py). None: saves go to `dir` directly."""
     interval_steps: int = setting(
-        "--ckpt-interval", "save every N steps", default=10, low=1, why=_AT_LEAST_ONE, chart="ckptInterval"
+        "--ckpt-interval",
+        "save every N steps",
+        default=100,
+        low=1,
+        high=10**12,
+        why=_AT_LEAST_ONE,
+        chart="ckptInterval",
     )
     """Save after every step s with (s + 1) % interval_steps == 0 (steps are 0-based), and after the last
     step of the run whatever the interval (trainer/state/cadence.py `is_due`)."""
     keep_latest: int = setting(
-        "--ckpt-keep", "committed checkpoints to keep", default=3, low=1, why=_AT_LEAST_ONE, chart="ckptKeep"
+        "--ckpt-keep",
+        "committed checkpoints to keep",
+        default=3,
+        low=1,
+        high=10**6,
+        why=_AT_LEAST_ONE,
+        chart="ckptKeep",
     )
     """Loadable checkpoints of this model kept; older ones of this model are deleted after each commit."""
     mode: CkptMode = setting("--ckpt-mode", "save path", default="nvrx", choices=MODES, chart="ckptMode")
@@ -53,6 +65,7 @@ class CheckpointConfig:
         "seconds a save may take before it counts as failed",
         default=600.0,
         above=0,
+        high=WEEK_S,
         unit=" seconds",
         chart="ckptWriteTimeout",
     )
@@ -62,6 +75,7 @@ class CheckpointConfig:
         "consecutive failed saves after which training stops",
         default=3,
         low=1,
+        high=10**6,
         why=_AT_LEAST_ONE,
         chart="ckptFailureLimit",
     )

@@ -94,6 +94,12 @@ class CheckpointLoop:
                 self._save(self.last_step, state)
             self._guard(self.manager.wait)
 
+    def settle(self) -> None:
+        """Wait for a save in flight to commit (or fail): before a restore in the middle of a run (the
+        numerical guard's rollback), so the restore's agreement sees it and the replay never saves a
+        step again that is already being committed."""
+        self._guard(self.manager.wait)
+
     def close(self) -> None:
         if self.rank == 0 and self.last_step >= 0 and self.manager.committed_step >= self.last_step:
             self.manager.lease.release()  # completed: the directory is free for the next job at once

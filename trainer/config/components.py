@@ -6,6 +6,7 @@
     snapshot  SnapshotConfig  trainer/snapshot/config.py
     metrics   MetricsConfig   the Prometheus endpoint
     faults    FaultConfig     injected faults (trainer/runtime/faults.py)
+    guard     GuardConfig     trainer/resilience/guard.py: the numerical guard
 
 `TrainConfig` (trainer/config/train_config.py) holds one of each; the CLI is generated from them in this
 order, and `CHART_TABLE` lists, from the same declarations, which chart value renders which option into which
@@ -19,13 +20,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from trainer.checkpoint.config import CheckpointConfig
-from trainer.config.settings import ChartRow, ConfigError, chart_rows, check, setting
-from trainer.resilience.straggler import POLICIES, StragglerPolicy
+from trainer.config.settings import EXACT_INT, WEEK_S, ChartRow, ConfigError, chart_rows, check, setting
+from trainer.resilience.guard import GuardConfig
+from trainer.resilience.straggler_policy import POLICIES, StragglerPolicy
 from trainer.resilience.timeouts import Timeouts
 from trainer.runtime.faults import FAULT_KINDS, FaultSpec
 from trainer.snapshot.config import SnapshotConfig
@@ -61,14 +63,26 @@ class RunConfig:
         "--out-dir", "events, summary.json, fault markers", default=Path("out/run"), place="OUT_DIR"
     )
     """Events, summary.json and fault markers of this run."""
-    steps: int = setting("--steps", "global steps of the whole run", default=100, low=1, chart="steps")
+    steps: int = setting(
+        "--steps", "global steps of the whole run", default=1000, low=1, high=10**12, chart="steps"
+    )
     """Global steps of the whole run (a resumed run stops at the same step)."""
     seed: int = setting(
-        "--seed", "seed of model init and data order", default=1234, low=0, why="must be >= 0", chart="seed"
+        "--seed",
+        "seed of model init and data order",
+        default=1234,
+        low=0,
+        high=EXACT_INT,
+        why="must be >= 0",
+        chart="seed",
     )
     """Seeds model init and data order; the same seed and steps give bitwise the same final state."""
     device: Device = setting(
-        "--device", "auto: cuda if available", default="auto", choices=DEVICES, chart="device"
+        "--device",
+        "auto: cuda if available",
+        default="auto",
+        choices=DEVICES,
+        chart="device",
     )
     inprocess: bool = setting("--inprocess", "tier-1 in-process restart", default=True, chart="inprocess")
     """Tier 1: wrap the loop in nvidia_resiliency_ext.inprocess.Wrapper."""
@@ -77,6 +91,7 @@ class RunConfig:
         "tier 1 gives up when the same exception hits the same step this many times in a row",
         default=3,
         low=1,
+        high=1000,
         chart="maxRepeatedFaults",
     )
     """Tier 1 gives up (leaving the process to ft_launcher) when the same exception hits the same step
@@ -86,6 +101,8 @@ class RunConfig:
         "the training function, module:function (a bare module means module:train); "
         "arguments after -- go to it untouched",
         default=REFERENCE_ENTRYPOINT,
+        pattern=ENTRYPOINT_PATTERN.pattern,
+        max_length=ENTRYPOINT_MAX,
         chart="entrypoint",
     )
     """The team's training function (trainer/api): called with a `Job` once per attempt."""
@@ -108,8 +125,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
         object.__setattr__(self, "entry_args", tuple(self.entry_args))
+        check_entrypoint(self.entrypoint)  # its own message first: what the form is, not the pattern
         check(self)
-        check_entrypoint(self.entrypoint)
         for i, arg in enumerate(self.entry_args):
             if not isinstance(arg, str) or "\0" in arg:
                 raise ConfigError("entry_args", f"argument {i} must be a string without NUL, got {arg!r:.60}")
@@ -122,7 +139,7 @@ class MetricsConfig:
     port: int = setting(
         "--metrics-port",
         "Prometheus port per node (0 = off)",
-        default=0,
+        default=9400,
         low=0,
         high=65535,
         chart="metricsPort",
@@ -130,8 +147,9 @@ class MetricsConfig:
     linger: float = setting(
         "--metrics-linger",
         "seconds a completed run waits for a last scrape",
-        default=0.0,
+        default=60.0,
         low=0,
+        high=WEEK_S,
         unit=" seconds",
         chart="metricsLinger",
     )
@@ -147,7 +165,8 @@ class FaultConfig:
 
     specs: tuple[FaultSpec, ...] = setting(
         "--fault",
-        "KIND:step=N[:rank=R|random][:node=K], repeatable; also env TRAINER_FAULTS (';'-separated). "
+        "KIND:step=N[:rank=R|random][:node=K][:factor=F], repeatable; "
+        "also env TRAINER_FAULTS (';'-separated). "
         "KIND: " + ", ".join(FAULT_KINDS),
         factory=tuple,
         repeat=True,
@@ -157,7 +176,13 @@ class FaultConfig:
     """Parsed specs (trainer/runtime/faults.py); the chart renders its `faults` map as one --fault per
     entry."""
     seed: int = setting(
-        "--fault-seed", "seed for rank=random", default=0, low=0, why="must be >= 0", chart="faultSeed"
+        "--fault-seed",
+        "seed for rank=random",
+        default=0,
+        low=0,
+        high=EXACT_INT,
+        why="must be >= 0",
+        chart="faultSeed",
     )
 
     def __post_init__(self) -> None:
@@ -172,12 +197,23 @@ COMPONENTS: dict[str, type] = {
     "snapshot": SnapshotConfig,
     "metrics": MetricsConfig,
     "faults": FaultConfig,
+    "guard": GuardConfig,
 }
 """TrainConfig's components by field name, in CLI order."""
 
 CHART_TABLE: tuple[ChartRow, ...] = tuple(chart_rows(COMPONENTS))
 """Chart value -> trainer option -> TrainConfig field, for every option the chart renders."""
 _BY_FIELD = {row.field: row for row in CHART_TABLE if not row.is_place}
+
+
+def default_of(name: str) -> Any:
+    """The declared default of a setting by TrainConfig field (`"ckpt.interval_steps"` -> its default): how
+    a harness takes the cluster's value without writing it again."""
+    component, _, field_name = name.partition(".")
+    for f in fields(COMPONENTS[component]):
+        if f.name == field_name:
+            return f.default_factory() if f.default_factory is not MISSING else f.default
+    raise KeyError(f"no setting {name} (trainer/config/components.py COMPONENTS)")
 
 
 def chart_values(settings: Mapping[str, Any]) -> dict[str, Any]:

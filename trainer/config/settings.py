@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any
 
 from trainer.config.errors import UnrecoverableError, error_line
+
+WEEK_S = 604800
+"""The longest timeout any setting accepts, in seconds (the chart's schema gets the same bound, generated)."""
+EXACT_INT = 2**53 - 1
+"""The largest integer Helm keeps exact (it holds numbers as float64): the bound of seeds."""
 
 
 class ConfigError(UnrecoverableError, ValueError):
@@ -50,6 +56,10 @@ class Spec:
     high: float | None = None
     """Largest allowed value (inclusive)."""
     choices: tuple[str, ...] | None = None
+    pattern: str | None = None
+    """A string value must match this regular expression whole (re.fullmatch)."""
+    max_length: int | None = None
+    """Longest allowed string value."""
     unit: str = ""
     """Appended to the bound in errors (" seconds")."""
     note: str = ""
@@ -159,7 +169,15 @@ def check(obj: Any) -> None:
         name = option_name(spec.flag) if spec.flag else f.name
         why = _violation(spec, value, _kind(f, spec) if not spec.repeat else list)
         if why is not None:
-            raise ConfigError(name, spec.why.format(value=value) if spec.why else why)
+            raise ConfigError(
+                name, spec.why.format(value=value) if spec.why and not _too_big(spec, value) else why
+            )
+
+
+def _too_big(spec: Spec, value: Any) -> bool:
+    """Past the upper bound: reported as such, not with a `why` written for the lower bound."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return number and spec.high is not None and value > spec.high
 
 
 def _violation(spec: Spec, value: Any, kind: type) -> str | None:
@@ -167,6 +185,8 @@ def _violation(spec: Spec, value: Any, kind: type) -> str | None:
         return spec.why.format(value=value) if spec.why else f"must be an integer, got {value!r}"
     if spec.choices is not None and value not in spec.choices:
         return f"must be one of {', '.join(spec.choices)}, got {value!r}"
+    if spec.pattern is not None or spec.max_length is not None:
+        return _string_violation(spec, value)
     bounded = spec.low is not None or spec.above is not None or spec.high is not None
     if not bounded or value is None:
         return None
@@ -174,12 +194,24 @@ def _violation(spec: Spec, value: Any, kind: type) -> str | None:
         return f"must be a number, got {value!r}"
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {value}"
-    if spec.low is not None and spec.high is not None and not spec.low <= value <= spec.high:
-        return f"must be in [{_num(spec.low)}, {_num(spec.high)}], got {value}"
     if spec.low is not None and value < spec.low:
         return f"must be >= {_num(spec.low)}{spec.unit}{spec.note}, got {value}"
     if spec.above is not None and not value > spec.above:
         return f"must be > {_num(spec.above)}{spec.unit}{spec.note}, got {value}"
+    if spec.high is not None and value > spec.high:
+        if spec.low is not None:
+            return f"must be in [{_num(spec.low)}, {_num(spec.high)}], got {value}"
+        return f"must be <= {_num(spec.high)}{spec.unit}, got {value}"
+    return None
+
+
+def _string_violation(spec: Spec, value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a string, got {value!r:.80}"
+    if spec.max_length is not None and len(value) > spec.max_length:
+        return f"must be at most {spec.max_length} characters, got {len(value)}"
+    if spec.pattern is not None and not re.fullmatch(spec.pattern, value):
+        return f"must match {spec.pattern}, got {value!r:.80}"
     return None
 
 
@@ -217,6 +249,8 @@ def chart_rows(components: dict[str, type]) -> list[ChartRow]:
 
 
 __all__ = [
+    "EXACT_INT",
+    "WEEK_S",
     "ChartRow",
     "ConfigError",
     "Spec",

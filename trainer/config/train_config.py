@@ -23,6 +23,7 @@ from trainer.config.components import COMPONENTS, FaultConfig, MetricsConfig, Ru
 from trainer.config.flags import FlagParser
 from trainer.config.inputs import resolved
 from trainer.config.settings import ConfigError, add_arguments, parsed
+from trainer.resilience.guard import GuardConfig
 from trainer.resilience.timeouts import TimeoutNestingError, Timeouts
 from trainer.runtime.faults import IN_SAVE_KINDS, FaultSpec, parse_fault
 from trainer.snapshot.config import SnapshotConfig
@@ -45,6 +46,8 @@ class TrainConfig:
     """In-memory snapshots (trainer/snapshot/): the restore point of tier 1 and tier 2."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    """The numerical guard (trainer/resilience/guard.py)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -167,4 +170,5 @@ def config_from_args(argv: Sequence[str] | None = None, env: dict[str, str] | No
         snapshot=SnapshotConfig(**values["snapshot"]),
         metrics=MetricsConfig(**values["metrics"]),
         faults=FaultConfig(**values["faults"]),
+        guard=GuardConfig(**values["guard"]),
     )

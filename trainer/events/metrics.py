@@ -40,6 +40,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "replica": ("step", "holder", "bytes", "send_s", "ok"),
     "data_position_unsaved": ("data",),
     "straggler": ("step", "node", "ranks", "score", "history", "policy", "action", "reason"),
+    "guard_tripped": ("step", "reason", "loss", "grad_norm"),
+    "guard_rollback": ("step", "restored_step", "ranks", "rollback_s"),
+    "node_suspect": ("node", "ranks", "source", "reason", "step"),
 }
 COMMON_FIELDS = ("ev", "t", "rank", "pid", "restart", "iteration")
 
@@ -359,6 +362,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "faults": fault_reports,
         "stragglers": [straggler_line(e) for e in by_ev.get("straggler", [])],
         "loss_s": loss,
+        "guard": guard_stats(by_ev.get("guard_rollback", []), by_ev.get("node_suspect", [])),
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
         "unreadable_lines": bad,
     }
@@ -482,6 +486,19 @@ def loss_breakdown(
     named = math.fsum([productive, *terms["recovery"], *(v for k, v in terms.items() if k != "recovery")])
     terms["other"] = (t_last - t0) - named
     return terms
+
+
+def guard_stats(rollbacks: list[dict[str, Any]], suspects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The numerical guard's work (rank 0's events): each rollback skipped the batch of its step. Its
+    suspect nodes only: the straggler watch's are in the summary's `stragglers`."""
+    rollbacks = [e for e in rollbacks if int(e["rank"]) == 0]
+    mine = (e for e in suspects if int(e["rank"]) == 0 and e.get("source", "guard") == "guard")
+    return {
+        "rollbacks": len(rollbacks),
+        "skipped_steps": [int(e["step"]) for e in rollbacks],
+        "rollback_s": _stats(float(e["rollback_s"]) for e in rollbacks),
+        "suspect_nodes": sorted({int(e["node"]) for e in mine}),
+    }
 
 
 def _snapshot_stats(events: list[dict[str, Any]]) -> dict[str, Any]:

@@ -346,6 +346,16 @@ def _checkpoint_families(fold: RunFold, first_t: float | None, now: float) -> It
         "Checkpoint saves that failed (nothing committed, training went on)",
         fold.failed,
     )
+    yield _counter(
+        "trainer_guard_rollbacks_total",
+        "Steps the numerical guard rolled back, each skipping its batch",
+        fold.guard_rollbacks,
+    )
+    yield _counter(
+        "trainer_suspect_nodes_total",
+        "Nodes reported suspect (repeated corruption on one of their ranks, or a straggler)",
+        len(fold.suspect_nodes),
+    )
     if fold.last_commit is not None:
         yield GaugeMetricFamily(
             "trainer_last_checkpoint_timestamp_seconds",

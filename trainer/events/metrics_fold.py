@@ -140,6 +140,8 @@ class RunFold:
         self.faults: list[dict[str, Any]] = []  # every fault_injected, compact
         self.restores_all: list[tuple[float, int, str | None]] = []
         self.stragglers: list[dict[str, Any]] = []  # every `straggler` finding (rare: one per window)
+        self.guard_rollbacks = 0  # rank 0's guard_rollback events: each skipped one batch
+        self.suspect_nodes: set[int] = set()  # nodes rank 0 reported suspect (node_suspect)
         self._reset_steps()
 
     def _reset_steps(self) -> None:
@@ -218,6 +220,10 @@ class RunFold:
         elif rank0 and ev == "run_start":
             if self.world_size is None or t >= self.world_size[0]:
                 self.world_size = (t, int(e["world_size"]))
+        elif rank0 and ev == "guard_rollback":
+            self.guard_rollbacks += 1
+        elif rank0 and ev == "node_suspect":
+            self.suspect_nodes.add(int(e["node"]))
         elif rank0 and ev == "run_end" and (self.status is None or t >= self.status[0]):
             self.status = (t, str(e["status"]))
 

@@ -109,30 +109,56 @@ class MetricsServer:
     """The training process's handle on its metrics endpoint, served by a child process (module doc).
 
     Create it once per process, outside any in-process restart loop: its child owns a listening socket.
-    Raises OSError (errno and message of the child's bind) when the port cannot be bound.
+    Raises OSError (errno and message of the child's bind) when the port cannot be bound. A child that
+    dies while training runs (killed from outside, the OOM killer) is started again on the same port by a
+    watcher thread, at most RESTARTS times: training never waits for it, and the endpoint is back within
+    the child's start (a fraction of a second) instead of gone until the next worker restart.
     """
 
+    RESTARTS = 3
+
     def __init__(self, out_dir: str | Path, port: int, *, rank: int, addr: str = "0.0.0.0") -> None:
-        cmd = [sys.executable, "-m", "trainer.events.metrics_server", "--out-dir", str(out_dir),
-               "--port", str(port), "--rank", str(rank), "--addr", addr]  # fmt: skip
+        self._args = ["--out-dir", str(out_dir), "--rank", str(rank), "--addr", addr]
         root = str(Path(__file__).resolve().parent.parent)  # the child imports this very trainer package
-        env = {
+        self._env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
         }
-        self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env
-        )
-        assert self._proc.stdin is not None and self._proc.stdout is not None
         self._lock = threading.Lock()
-        first = self._proc.stdout.readline().split(" ", 2)
+        self._closing = False
+        self.restarts = 0
+        self._proc, self.port = self._spawn(port)
+        threading.Thread(target=self._watch, name="metrics-watch", daemon=True).start()
+
+    def _spawn(self, port: int) -> tuple[subprocess.Popen[str], int]:
+        cmd = [sys.executable, "-m", "trainer.events.metrics_server", "--port", str(port), *self._args]
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=self._env
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        first = proc.stdout.readline().split(" ", 2)
         if first[0] == "ready":
-            self.port = int(first[1])
-            return
-        self._proc.wait()
+            return proc, int(first[1])
+        proc.wait()
         if first[0] == "error" and len(first) == 3:
             raise OSError(int(first[1]), first[2].strip())
-        raise OSError(errno_mod.EIO, f"the metrics endpoint process exited ({self._proc.returncode})")
+        raise OSError(errno_mod.EIO, f"the metrics endpoint process exited ({proc.returncode})")
+
+    def _watch(self) -> None:
+        """Start the child again when it ends while the handle is open (see the class doc)."""
+        while True:
+            proc = self._proc
+            rc = proc.wait()
+            with self._lock:
+                if self._closing or self.restarts >= self.RESTARTS:
+                    return
+                self.restarts += 1
+                log.warning("metrics endpoint process ended (%s); starting it again on %d", rc, self.port)
+                try:
+                    self._proc, _ = self._spawn(self.port)
+                except OSError as exc:
+                    log.warning("metrics endpoint on port %d not restarted: %s", self.port, exc)
+                    return
 
     @classmethod
     def maybe_start(
@@ -161,6 +187,8 @@ class MetricsServer:
                 return False
 
     def close(self) -> None:
+        with self._lock:
+            self._closing = True
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()  # the child's cue to shut the server down and exit

@@ -9,6 +9,12 @@ For ft_launcher this process stays the container's main process and supervises i
 on this pod when the job's rendezvous service was replaced. Any other COMMAND is exec'd. The zygote is
 this process's child and dies with it. The zygote's socket lives in a fresh 0700 directory under the
 temporary dir (the pod's /tmp scratch volume), named to COMMAND and its workers by the environment.
+
+A zygote that dies while ft_launcher runs (SIGKILL from outside, the OOM killer) costs the job nothing
+now: the workers it forked train on (their stand-ins take the exit status from the worker itself,
+prefork/client.py), and the supervisor starts a fresh zygote on the same socket at once (`Zygote`, at
+most `ZYGOTE_RESTARTS` times per pod). A worker started while the new one still imports waits for it
+(its PID file, prefork.PID_FILE_SUFFIX), as a worker of the pod's first round waits for the first.
 """
 
 from __future__ import annotations
@@ -18,8 +24,44 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 
-from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
+from trainer.launcher.podfiles import write_atomically
+from trainer.launcher.prefork import PID_ENV, PID_FILE_SUFFIX, SOCKET_ENV
+
+ZYGOTE_RESTARTS = 3
+"""How often one pod's zygote, dead while ft_launcher runs, is started again (then workers start cold)."""
+
+
+class Zygote:
+    """The pod's zygote process, started again when it dies (see the module doc)."""
+
+    def __init__(self, path: str, entry: Sequence[str], log: Callable[[str], None] | None = None) -> None:
+        self.path, self.entry = path, list(entry)
+        self.log = log or (lambda m: print(f"trainer.launcher: {m}", file=sys.stderr, flush=True))
+        self.restarts = 0
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if os.path.exists(self.path):  # a dead zygote's socket: the new one binds the same path
+            os.unlink(self.path)
+        argv = [sys.executable, "-m", "trainer.launcher.prefork.server", self.path, str(os.getpid())]
+        proc = subprocess.Popen([*argv, *self.entry], stdin=subprocess.DEVNULL)
+        write_atomically(self.path + PID_FILE_SUFFIX, str(proc.pid))
+        return proc
+
+    def pids(self) -> frozenset[int]:
+        """The live zygote's PID, for the supervisor to keep; called at each of its polls, it replaces a
+        zygote that died (reaping it)."""
+        rc = self.proc.poll()
+        if rc is not None and self.restarts < ZYGOTE_RESTARTS:
+            self.restarts += 1
+            self.log(
+                f"the zygote ended ({'signal ' + str(-rc) if rc < 0 else 'exit ' + str(rc)}); its workers "
+                f"train on; starting a fresh zygote (restart {self.restarts})"
+            )
+            self.proc = self._start()
+        return frozenset({self.proc.pid})
 
 
 def main(argv: list[str]) -> int:
@@ -33,12 +75,9 @@ def main(argv: list[str]) -> int:
         return 127
     path = os.path.join(tempfile.mkdtemp(prefix="trainer-prefork-"), "zygote.sock")
     entry = entry_module(command)
-    zygote = subprocess.Popen(
-        [sys.executable, "-m", "trainer.launcher.prefork.server", path, str(os.getpid()), *entry],
-        stdin=subprocess.DEVNULL,
-    )
+    zygote = Zygote(path, entry)
     os.environ[SOCKET_ENV] = path
-    os.environ[PID_ENV] = str(zygote.pid)
+    os.environ[PID_ENV] = str(zygote.proc.pid)
     if os.path.basename(command[0]) == "ft_launcher":
         # NVRx's launcher with the patches of trainer/launcher/patches.py (ft.py), as a child of this
         # process, which restarts it when the job's rendezvous service was replaced (supervise.py).
@@ -47,7 +86,7 @@ def main(argv: list[str]) -> int:
 
         ft = [sys.executable, "-m", "trainer.launcher.ft", found, *command[1:]]
         epoch_file = os.path.join(os.path.dirname(path), "rendezvous.epoch")
-        return supervise(ft, rdzv_endpoint(command[1:]), epoch_file, keep=(zygote.pid,))
+        return supervise(ft, rdzv_endpoint(command[1:]), epoch_file, keep=zygote.pids)
     os.execvp(command[0], command)
     return 127  # pragma: no cover - execvp returns only by raising
 

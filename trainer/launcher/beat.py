@@ -4,7 +4,9 @@ why: trainer/resilience/liveness.py).
 After every rendezvous that made this node active (trainer/launcher/patches.py: `beat_after_rendezvous`
 tells it when), a daemon thread in the launcher process writes a counter that changes with every write
 under `trainer/liveness/<cycle>/<group rank>` in the rendezvous store, every `BEAT_INTERVAL_S`. The store
-is the launcher's c10d TCPStore at `--rdzv-endpoint`, which outlives worker restarts.
+is the launcher's c10d TCPStore at `--rdzv-endpoint`, which outlives worker restarts. With the first beat
+of a round it also writes where this pod's presence listener answers (`presence_key`,
+trainer/launcher/presence.py), once: the workers of the round probe it when a collective fails.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from trainer.launcher.presence import presence_port
 from trainer.resilience.liveness import (
     BEAT_INTERVAL_S,
     STANDBY_COUNT_KEY,
+    join_endpoint,
     liveness_key,
+    local_address_towards,
+    presence_key,
     standby_key,
     store_client,
 )
@@ -54,8 +60,14 @@ class LauncherBeat:
         endpoint: str,
         interval_s: float = BEAT_INTERVAL_S,
         store_factory: Callable[[str], Any] = store_client,
+        presence: int | None = None,
     ) -> None:
+        """`presence`: the port of this pod's presence listener (trainer/launcher/presence.py); None:
+        the one the supervisor exported (PRESENCE_PORT_ENV), if any."""
         self.endpoint = endpoint
+        self.presence_port = presence if presence is not None else presence_port()
+        self._presence: str | None = None
+        """The key of this round's presence address, until it is written."""
         self.interval_s = interval_s
         self._store_factory = store_factory
         self._store: Any = None
@@ -70,6 +82,8 @@ class LauncherBeat:
     def serve(self, cycle: int, group_rank: int) -> None:
         with self._lock:
             self._key = liveness_key(cycle, group_rank)
+            if self.presence_port is not None:
+                self._presence = presence_key(cycle, group_rank)
         self._beat_once()  # before the workers start: a peer never sees this round's key missing
         self._start()
 
@@ -97,6 +111,7 @@ class LauncherBeat:
             key = self._key
             self._count += 1
             count = self._count
+            presence = self._presence
         # The store I/O runs outside _lock, so that pause() (the agent entering a rendezvous) never waits
         # for a connection to a store host that is gone; a beat already under way may still land under
         # the old key, which no worker of a later round reads.
@@ -108,7 +123,18 @@ class LauncherBeat:
                     if self._standby is None:
                         self._standby = standby_key(int(self._store.add(STANDBY_COUNT_KEY, 1)))
                     key = self._standby
+                elif presence is not None:
+                    self._publish_presence(presence)
                 self._store.set(key, str(count))
             except Exception as exc:  # the store host is gone or slow: the job restarts anyway; try again
                 log.debug("liveness beat %s failed: %s", key, exc)
                 self._store = None
+
+    def _publish_presence(self, key: str) -> None:
+        """Where this pod's presence listener answers, for this round's peers: the address this host
+        reaches the store from, which they reach the same store from too."""
+        assert self.presence_port is not None
+        self._store.set(key, join_endpoint(local_address_towards(self.endpoint), self.presence_port))
+        with self._lock:
+            if self._presence == key:
+                self._presence = None

@@ -29,6 +29,10 @@ ft_launcher ended without a verdict does one short-lived `python -m trainer.laun
 --wait-epoch` read the service's epoch again: it imports torch, which would delay every failing pod's
 exit by seconds.
 
+The supervisor also keeps the pod's presence listener open (trainer/launcher/presence.py): a port that
+answers for as long as the pod lives, and refuses once it is gone, so its peers record its ranks as
+terminated at once (trainer/resilience/lostpods.py).
+
 Signals the kubelet sends (SIGTERM, SIGINT) are forwarded to ft_launcher and end supervision: a pod that
 is being stopped is never restarted. SIGUSR1 comes from the pod's own worker when the straggler watch
 evicts this node (trainer/runtime/straggler_watch.py): ft_launcher is SIGKILLed (as a node loss would, so
@@ -51,6 +55,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from trainer.launcher.podfiles import write_atomically
+from trainer.launcher.presence import PRESENCE_PORT_ENV, PresenceListener
 
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
@@ -75,6 +80,8 @@ EVICTED_EXIT = 95
 LAUNCHER_RESTARTS = 3
 """How often one pod's ft_launcher, killed from outside, is started again before the pod gives up."""
 _PR_SET_CHILD_SUBREAPER = 36
+Kept = frozenset[int] | Callable[[], frozenset[int]]
+"""The supervisor's other children: fixed PIDs, or a function that returns them (and may replace one)."""
 
 
 def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
@@ -199,9 +206,10 @@ class Supervisor:
             assert self.endpoint is not None
             return self.other_epoch(self.endpoint, epoch, self.rejoin_wait_s)
 
-    def run(self, keep: frozenset[int] = frozenset()) -> int:
+    def run(self, keep: Kept = frozenset()) -> int:
         """Supervise until ft_launcher ends for good; `keep`: children that are not ft_launcher's
-        leftovers (the zygote)."""
+        leftovers (the zygote), or a function called at each poll that returns them."""
+        kept = keep if callable(keep) else lambda: keep
         env = {
             **os.environ,
             SUPERVISOR_PID_ENV: str(os.getpid()),
@@ -221,17 +229,17 @@ class Supervisor:
                 self._child = subprocess.Popen(self.command, env=env)
             child = self._child
             while (rc := child.poll()) is None:
-                reap_orphans(keep | {child.pid})
+                reap_orphans(kept() | {child.pid})
                 time.sleep(POLL_S)
             if self.evicted:
-                left = end_orphans(keep | {child.pid})
+                left = end_orphans(kept() | {child.pid})
                 self.log(f"evicted as a straggler: ended ft_launcher and its {left} processes; leaving")
                 return EVICTED_EXIT
             if rc == 0 or self.stopping:
                 return _exit_status(rc)
             if rc < 0 and killed_restarts < LAUNCHER_RESTARTS:
                 killed_restarts += 1
-                left = end_orphans(keep | {child.pid})
+                left = end_orphans(kept() | {child.pid})
                 self.restarts += 1
                 self.log(
                     f"ft_launcher was killed by signal {-rc} from outside; ended its {left} leftover "
@@ -320,15 +328,18 @@ def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
 
 
-def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, keep: Sequence[int] = ()) -> int:
+def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, keep: Kept = frozenset()) -> int:
     """Run ft_launcher's `command` under a Supervisor with the pod's signals forwarded; `keep`: this
     process's other children (the zygote), never taken for ft_launcher's leftovers."""
     supervisor = Supervisor(command, endpoint, epoch_file)
+    # Open for as long as this process (the pod) lives: peers tell a lost pod by a refused connection.
+    listener = PresenceListener()
+    os.environ[PRESENCE_PORT_ENV] = str(listener.port)
     become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.forward)
     signal.signal(signal.SIGUSR1, supervisor.evict)
-    return supervisor.run(frozenset(keep))
+    return supervisor.run(keep)
 
 
 def main(argv: list[str]) -> int:

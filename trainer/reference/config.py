@@ -28,6 +28,9 @@ from trainer.config.settings import ChartRow, ConfigError, add_arguments, chart_
 if TYPE_CHECKING:
     from trainer.reference.model import ModelConfig
 
+PRESET_NAMES: tuple[str, ...] = ("tiny", "small", "1b", "8b", "70b")
+"""The names of trainer/reference/model.py PRESETS (that module imports torch; this one may not): the
+choices of --preset and of the chart's `preset`. tests/trainer/reference checks the two agree."""
 DATA_FIX = "write one with python -m trainer.reference.data"
 
 
@@ -36,7 +39,11 @@ class ModelOptions:
     """Which model: a preset of trainer.reference.model.PRESETS."""
 
     preset: str = setting(
-        "--preset", "model size: a preset of trainer/reference/model.py", default="tiny", chart="preset"
+        "--preset",
+        "model size: a preset of trainer/reference/model.py",
+        default="8b",
+        choices=PRESET_NAMES,
+        chart="preset",
     )
 
     def __post_init__(self) -> None:
@@ -58,10 +65,17 @@ class DataConfig:
         place="DATA_PATH",
     )
     """Token file (.npy) written by `python -m trainer.reference.data`."""
-    seq_len: int = setting("--seq-len", "tokens per sequence", default=128, chart="seqLen")
+    seq_len: int = setting(
+        "--seq-len", "tokens per sequence", default=4096, low=1, high=2**20, chart="seqLen"
+    )
     """Bounded by the preset's max_seq_len (checked by ReferenceConfig)."""
     micro_batch_size: int = setting(
-        "--micro-batch-size", "sequences per rank per step", default=4, low=1, chart="microBatchSize"
+        "--micro-batch-size",
+        "sequences per rank per step",
+        default=1,
+        low=1,
+        high=65536,
+        chart="microBatchSize",
     )
     """Sequences per rank per step (no gradient accumulation)."""
 

@@ -13,6 +13,10 @@ What this module adds to a plain Wrapper, and why:
   session down and re-raising: a frame of `Module._call_impl`'s closure would otherwise keep the FSDP
   model, so its groups, alive while NVRx holds the exception (see `drop_frames` in
   trainer/runtime/failures.py). The abort here destroys every group from the monitor thread as a second line.
+* A lost pod recorded at once: NVRx learns of a dead rank from its monitor process, which dies with the
+  pod's container, or after the liveness timeout. `LostPodWatch`, part of the abort, probes the next
+  pods of the round and records the ranks of one that is gone as terminated within a fraction of a
+  second (trainer/resilience/lostpods.py).
 * A rank assignment that never shrinks the world. A dead process is tier 2's job: continuing with fewer
   ranks would change the data layout and the sharding, so a terminated rank makes every survivor leave
   the Wrapper (RestartAbort) and ft_launcher restarts all workers.
@@ -40,6 +44,7 @@ import dataclasses
 import gc
 import logging
 import os
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
@@ -50,14 +55,24 @@ import torch.distributed as dist
 from nvidia_resiliency_ext import inprocess
 from nvidia_resiliency_ext.inprocess import CallWrapper
 from nvidia_resiliency_ext.inprocess.abort import Abort
+from nvidia_resiliency_ext.inprocess.attribution import Interruption, InterruptionRecord
 from nvidia_resiliency_ext.inprocess.exception import RestartAbort
 from nvidia_resiliency_ext.inprocess.health_check import CudaHealthCheck, FaultCounter, HealthCheck
 from nvidia_resiliency_ext.inprocess.rank_assignment import RankAssignment, RankAssignmentCtx
 from nvidia_resiliency_ext.inprocess.state import Mode
-from nvidia_resiliency_ext.inprocess.store import StoreMixin, TCPStore
+from nvidia_resiliency_ext.inprocess.store import PrefixStore, StoreMixin, TCPStore
 
 from trainer.config.errors import UnrecoverableError
-from trainer.resilience.liveness import LIVENESS_STORE_ENV, NodeLost, RoundWatch, parse_endpoint
+from trainer.resilience.liveness import (
+    LIVENESS_STORE_ENV,
+    NodeLost,
+    RoundWatch,
+    local_address_towards,
+    parse_endpoint,
+    presence_key,
+    store_client,
+)
+from trainer.resilience.lostpods import LostPodProbe, RoundLayout
 from trainer.resilience.timeouts import Ports, Timeouts
 from trainer.resilience.verdict import RepeatGuard
 
@@ -115,6 +130,81 @@ class DestroyGroupsAbort(Abort):
     def __call__(self, state: Any) -> Any:
         destroy_all_process_groups(collect=False)
         return state
+
+
+ITERATION_SETTLED_KEY = (
+    f"{StoreMixin.BARRIER_PREFIX}:reentrant_barrier:{StoreMixin.ITERATION_BARRIER}:last_worker_arrived"
+)
+"""Set in an iteration's store once every rank arrived at (or was recorded terminated in) NVRx's
+iteration barrier (`StoreMixin.reentrant_barrier`); tests/trainer/resilience/test_lostpods.py checks it
+against NVRx's own barrier."""
+
+
+def record_lost_ranks(store: Any, base_store: Any, ranks: list[int], world_size: int) -> None:
+    """Record `ranks` terminated as NVRx's monitors record a dead rank (SiblingMonitor's
+    `terminate_unresponsive_ranks`): interrupted, terminated, arrived at the iteration barrier of
+    `store` (an iteration's PrefixStore) and at the termination barrier of `base_store`. A rank's
+    initial rank is its rank: FixedWorld never renumbers."""
+    store.record_interrupted([InterruptionRecord(r, Interruption.TERMINATED) for r in ranks])
+    store.record_terminated_ranks(ranks)
+    store.iteration_barrier(ranks=ranks, rendezvous_count=world_size, timeout=timedelta(0))
+    base_store.termination_barrier(ranks=ranks, rendezvous_count=world_size, timeout=timedelta(0))
+
+
+class LostPodWatch(Abort):
+    """Part of the Wrapper's abort, on local rank 0 of each node under trainer.launcher.ft: a thread that
+    probes the next pods of the round while the fault is handled and records the ranks of a pod that is
+    gone as terminated (trainer/resilience/lostpods.py), so the job leaves for tier 2 at once rather than
+    after the liveness timeout. It never delays the abort itself."""
+
+    def __init__(self, layout: RoundLayout, endpoint: str, store_kwargs: dict[str, Any], deadline_s: float):
+        self.layout = layout
+        self.endpoint = endpoint
+        self.store_kwargs = store_kwargs
+        self.deadline_s = deadline_s
+
+    @classmethod
+    def from_env(
+        cls, timeouts: Timeouts, store_kwargs: dict[str, Any], env: Any = None
+    ) -> "LostPodWatch | None":
+        """The watch for this worker, or None where it does not probe: not local rank 0, not under
+        trainer.launcher.ft (no store endpoint), a one-node round, or ranks not laid out as expected."""
+        env = os.environ if env is None else env
+        endpoint = env.get(LIVENESS_STORE_ENV)
+        layout = RoundLayout.from_env(env)
+        if not endpoint or layout is None or layout.local_rank != 0 or not layout.probed_nodes():
+            return None
+        # Past the liveness timeout NVRx's own monitors have decided: probing longer changes nothing.
+        return cls(layout, endpoint, store_kwargs, timeouts.liveness_timeout + timeouts.heartbeat_interval)
+
+    def __call__(self, state: Any) -> Any:
+        threading.Thread(
+            target=self.watch, args=(state.iteration, state.world_size), name="trainer-lost-pods", daemon=True
+        ).start()
+        return state
+
+    def watch(self, iteration: int, world_size: int) -> list[int]:
+        """Probe until the iteration settles; the group ranks of the pods found gone."""
+        try:
+            rendezvous = store_client(self.endpoint)
+            base = LauncherWrapperStore(**self.store_kwargs)
+            store = PrefixStore(iteration, base)
+
+            def address(group_rank: int) -> str | None:
+                key = presence_key(self.layout.cycle, group_rank)
+                return bytes(rendezvous.get(key)).decode() if rendezvous.check([key]) else None
+
+            return LostPodProbe(
+                layout=self.layout,
+                own_host=local_address_towards(self.endpoint),
+                address=address,
+                record=lambda ranks: record_lost_ranks(store, base, ranks, world_size),
+                settled=lambda: bool(store.check([ITERATION_SETTLED_KEY])),
+                deadline_s=self.deadline_s,
+            ).run()
+        except Exception as exc:  # the store is gone too: the liveness timeout decides, as without this
+            log.warning("lost-pod probe stopped: %s", exc)
+            return []
 
 
 class CpuSafeHealthCheck(HealthCheck):
@@ -302,11 +392,15 @@ def make_wrapper(timeouts: Timeouts, ports: Ports) -> inprocess.Wrapper:
     """A Wrapper configured from the one place that holds timeouts and ports."""
     health = inprocess.Compose(CpuSafeHealthCheck(), FaultCounter(max_rank_faults=MAX_INPROCESS_RESTARTS))
     factory, store_kwargs = wrapper_store(timeouts, ports)
+    abort: Abort = DestroyGroupsAbort()
+    lost_pods = LostPodWatch.from_env(timeouts, store_kwargs) if factory is LauncherWrapperStore else None
+    if lost_pods is not None:
+        abort = inprocess.Compose(lost_pods, abort)  # the groups are destroyed first, then the probe starts
     with _without_local_rank_on_cpu():
         wrapper = inprocess.Wrapper(
             store_factory=factory,
             store_kwargs=store_kwargs,
-            abort=DestroyGroupsAbort(),
+            abort=abort,
             health_check=health,
             rank_assignment=FixedWorld(),
             **timeouts.wrapper_kwargs(),

@@ -97,6 +97,30 @@ def spare_standing_by(
     return any(after.get(k) != v for k, v in before.items())
 
 
+def presence_key(cycle: int, group_rank: int) -> str:
+    """`host:port` of the presence listener of the pod that holds `group_rank` in round `cycle`
+    (trainer/launcher/presence.py), written by its launcher next to its beat; read by
+    trainer/resilience/lostpods.py when a fault may have been a lost pod."""
+    return f"trainer/liveness/{cycle}/presence/{group_rank}"
+
+
+def local_address_towards(endpoint: str) -> str:
+    """The address this host sends from to reach `endpoint` (host:port): the one its peers, which reach
+    the same store, can reach it at. Nothing is sent (a UDP socket's connect only picks the route)."""
+    import socket
+
+    host, port = parse_endpoint(endpoint)
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect(sockaddr)
+        return str(sock.getsockname()[0])
+
+
+def join_endpoint(host: str, port: int) -> str:
+    """The inverse of parse_endpoint: `host:port`, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def parse_endpoint(endpoint: str, field_name: str = LIVENESS_STORE_ENV) -> tuple[str, int]:
     """`host:port` (the launcher's --rdzv-endpoint form) -> (host, port); ValueError naming the field."""
     host, sep, port = endpoint.rpartition(":")

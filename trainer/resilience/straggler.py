@@ -1,10 +1,11 @@
 """Straggler detection: which node makes every step wait, and whether to evict it into a hot spare.
 
-Every step ends in the library's one collective (the loss all_reduce of trainer/runtime/job.py). Each rank
-measures its **compute** (from the step's start to its arrival at that collective: the team's step and
-any slowness injected into it) and its **wait** (how long it then sat in the collective, i.e. waited for
-slower ranks; known one step late). Both ride in that same all_reduce, one slot per rank, so every rank
-holds every rank's figures after each step with no extra collective and scores them identically.
+Every step ends in the library's one collective (the step's all_reduce, trainer/runtime/step_check.py).
+Each rank measures its **compute** (from the step's start to its arrival at that collective: the team's
+step and any slowness injected into it) and its **wait** (how long it then sat in the collective, i.e.
+waited for slower ranks; known one step late). Both ride in that same all_reduce, one slot per rank, so
+every rank holds every rank's figures after each step with no extra collective and scores them
+identically.
 
 Scores, per node (a node's compute is its slowest rank's):
 
@@ -39,8 +40,7 @@ from typing import Literal
 
 import torch
 
-StragglerPolicy = Literal["report", "evict"]
-POLICIES: tuple[str, ...] = ("report", "evict")
+from trainer.resilience.straggler_policy import StragglerPolicy
 
 THRESHOLD = 1.5
 """A node is a straggler when its window's median peer score is at least this. Well above the spread of

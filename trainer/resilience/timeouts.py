@@ -64,7 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from trainer.config.settings import setting
+from trainer.config.settings import WEEK_S, ConfigError, check, setting
 
 PG_PORT_OFFSET = 1
 INPROCESS_PORT_OFFSET = 2
@@ -86,42 +86,76 @@ class Timeouts:
     """All recovery timeouts in seconds. `check()` enforces the nesting documented above."""
 
     collective_timeout: float = setting(
-        "--collective-timeout", "seconds", default=60.0, chart="collectiveTimeout"
+        "--collective-timeout",
+        "seconds",
+        default=120.0,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
+        chart="collectiveTimeout",
     )
     """Timeout of every collective of the training process group (gloo or NCCL)."""
     inprocess_soft_timeout: float = setting(
-        "--inprocess-soft-timeout", "seconds", default=90.0, chart="inprocessSoftTimeout"
+        "--inprocess-soft-timeout",
+        "seconds",
+        default=180.0,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
+        chart="inprocessSoftTimeout",
     )
     """Tier 1: seconds without progress before a rank is aborted and restarted in-process."""
     inprocess_hard_timeout: float = setting(
-        "--inprocess-hard-timeout", "seconds", default=120.0, chart="inprocessHardTimeout"
+        "--inprocess-hard-timeout",
+        "seconds",
+        default=300.0,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
+        chart="inprocessHardTimeout",
     )
     """Tier 1: seconds without progress before a rank is terminated."""
     inprocess_barrier_timeout: float = setting(
-        "--inprocess-barrier-timeout", "seconds", default=180.0, chart="inprocessBarrierTimeout"
+        "--inprocess-barrier-timeout",
+        "seconds",
+        default=420.0,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
+        chart="inprocessBarrierTimeout",
     )
     """Tier 1: how long ranks wait for each other at the Wrapper's barriers."""
     heartbeat_timeout: float = setting(
         "--heartbeat-timeout",
         "= ft_launcher --ft-rank-heartbeat-timeout",
-        default=300.0,
+        default=600.0,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
         chart="ftRankHeartbeatTimeout",
     )
     """Tier 2: ft_launcher's --ft-rank-heartbeat-timeout (must match the launcher flag)."""
     inprocess_liveness_timeout: float | None = setting(
         "--inprocess-liveness-timeout",
-        "seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); default: "
-        f"{DEFAULT_LIVENESS_TIMEOUT:g} or --inprocess-hard-timeout if shorter",
-        default=None,
+        "seconds without a peer's Wrapper heartbeat before it counts as dead (lost node); "
+        "at most --inprocess-hard-timeout",
+        default=DEFAULT_LIVENESS_TIMEOUT,
         kind=float,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
         chart="inprocessLivenessTimeout",
     )
     """Tier 1: seconds without a heartbeat from a peer's Wrapper monitor before that peer counts as dead;
-    None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter."""
+    None: DEFAULT_LIVENESS_TIMEOUT, or inprocess_hard_timeout when that is shorter (a Timeouts built with
+    tier-1 timeouts under 10 s passes None or a shorter value)."""
     hang_timeout_floor: float = setting(
         "--hang-timeout-floor",
         "seconds: the heartbeat timeout calculated from the measured step time is never shorter",
         default=60.0,
+        above=0,
+        high=WEEK_S,
+        unit=" seconds",
         chart="hangTimeoutFloor",
     )
     """Tier 2, steady state: the calculated hang timeout is never shorter than this (seconds)."""
@@ -129,6 +163,7 @@ class Timeouts:
         "--hang-timeout-factor",
         "the calculated heartbeat timeout is this times the longest step (saves included)",
         default=3.0,
+        above=1,
         chart="hangTimeoutFactor",
     )
     """Tier 2, steady state: the calculated hang timeout is this times the longest step (incl. saves)."""
@@ -137,6 +172,8 @@ class Timeouts:
         "steps measured (at least --ckpt-interval + 1) before the calculated heartbeat timeout "
         "replaces --heartbeat-timeout; 0 = never",
         default=20,
+        low=0,
+        high=10**6,
         chart="hangWarmupSteps",
     )
     """Steps measured before the calculated hang timeout replaces heartbeat_timeout (at least one
@@ -145,6 +182,11 @@ class Timeouts:
 
     def check(self) -> None:
         """Raise TimeoutNestingError naming the first field that is not positive or does not nest."""
+        try:
+            check(self)  # each one's declared bounds (positive, at most a week) before the nesting
+        except ConfigError as exc:
+            name, _, why = str(exc).removeprefix("config error: ").partition(": ")
+            raise TimeoutNestingError(name, why) from None
         order = [
             ("collective_timeout", self.collective_timeout),
             ("inprocess_soft_timeout", self.inprocess_soft_timeout),

@@ -29,10 +29,14 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
                   after its step it sleeps (F - 1) x the step's own time (trainer/resilience/straggler.py
                   finds it). Bound to the pod that first fired it (its marker names the pod), so the spare
                   that takes the node's place after an eviction is not slow.
+    nan           in step N rank R's gradients (in the optimizer's step, so the update really is NaN)
+                  and the loss it logs become NaN: what the numerical guard rolls back
+    spike         in step N rank R's gradients and logged loss are multiplied by `factor` (default 1000)
 """
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -55,7 +59,12 @@ FaultKind = Literal[
     "snapshot-corrupt",
     "replica-corrupt",
     "slow",
+    "nan",
+    "spike",
 ]
+NUMERIC_KINDS = ("nan", "spike")  # armed at the start of the step, applied to its gradients and loss
+SPIKE_FACTOR = 1000.0
+"""A spike's `factor` when the spec gives none: far past any sensible --guard-spike-factor."""
 IN_SAVE_KINDS = ("ckpt-crash", "ckpt-write-error")  # fire inside a save, not at the start of a step
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 RANDOM = -1  # rank=random before it is resolved
@@ -77,8 +86,9 @@ class FaultSpec:
     step: int
     rank: int = 0
     node: int = 0
-    factor: float = 1.0
-    """How many times slower a `slow` fault makes its ranks (> 1; 1 for every other kind)."""
+    factor: float | None = None
+    """`slow`: how many times slower its ranks are (> 1, required); `spike`: what the step's gradients and
+    loss are multiplied by (None: SPIKE_FACTOR). None for every other kind."""
     by_node: bool = False
     """A `slow` fault given with node=K (every rank of the node), not rank=R."""
 
@@ -91,7 +101,8 @@ class FaultSpec:
         if self.kind == "slow":
             who = f"node={self.node}" if self.by_node else f"rank={self.rank}"
             return f"slow:step={self.step}:{who}:factor={self.factor:g}"
-        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}"
+        extra = f":factor={self.factor}" if self.factor is not None else ""
+        return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}{extra}"
 
 
 def parse_fault(text: str) -> FaultSpec:
@@ -114,10 +125,8 @@ def parse_fault(text: str) -> FaultSpec:
         fields[name] = value
     if "step" not in fields:
         raise ValueError(f"{text!r} needs step=N")
-    if (kind == "slow") != ("factor" in fields):
-        raise ValueError(
-            f"factor: {'slow needs factor=F' if kind == 'slow' else 'only slow takes it'} in {text!r}"
-        )
+    if kind == "slow" and "factor" not in fields:
+        raise ValueError(f"factor: slow needs factor=F in {text!r}")
     if kind == "slow" and "rank" in fields and "node" in fields:
         raise ValueError(f"node: slow takes rank=R or node=K, not both, in {text!r}")
 
@@ -132,7 +141,7 @@ def parse_fault(text: str) -> FaultSpec:
 
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
-    factor = _factor(fields["factor"], text) if "factor" in fields else 1.0
+    factor = _factor(kind, fields["factor"], text) if "factor" in fields else None
     return FaultSpec(
         kind=cast(FaultKind, kind),
         step=as_int("step", 0),
@@ -146,14 +155,25 @@ def parse_fault(text: str) -> FaultSpec:
 SLOW_FACTOR_MAX = 100.0
 
 
-def _factor(raw: str, text: str) -> float:
-    """A slow fault's factor: a plain decimal number (no exponent, sign, inf or nan), 1 < F <= 100."""
-    digits = raw.replace(".", "", 1)
-    if not (raw and digits and digits.isascii() and digits.isdigit()):
-        raise ValueError(f"factor must be a decimal number in {text!r}, got {raw!r}")
-    value = float(raw)
-    if not 1.0 < value <= SLOW_FACTOR_MAX:
-        raise ValueError(f"factor must be > 1 and <= {SLOW_FACTOR_MAX:g} in {text!r}, got {raw}")
+def _factor(kind: str, raw: str, text: str) -> float:
+    """A `factor=F`: for slow a plain decimal number (no exponent, sign, inf or nan), 1 < F <= 100; for
+    spike a finite number > 1 (a factor of a kind that takes none is refused)."""
+    if kind == "slow":
+        digits = raw.replace(".", "", 1)
+        if not (raw and digits and digits.isascii() and digits.isdigit()):
+            raise ValueError(f"factor must be a decimal number in {text!r}, got {raw!r}")
+        value = float(raw)
+        if not 1.0 < value <= SLOW_FACTOR_MAX:
+            raise ValueError(f"factor must be > 1 and <= {SLOW_FACTOR_MAX:g} in {text!r}, got {raw}")
+        return value
+    if kind != "spike":
+        raise ValueError(f"factor applies to slow and spike only, not {kind} in {text!r}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"factor must be a number in {text!r}, got {raw!r}") from None
+    if not (math.isfinite(value) and value > 1):
+        raise ValueError(f"factor must be a finite number > 1 in {text!r}, got {raw!r}")
     return value
 
 
@@ -188,6 +208,8 @@ class FaultInjector:
         self.emit = emit
         self.specs = [s for s in specs if self._targets_me(s)]
         self._slow_pods: dict[str, bool] = {}
+        self.armed: FaultSpec | None = None
+        """The nan or spike fault of the step in progress (`numeric`), claimed at its start."""
 
     def _targets_me(self, spec: FaultSpec) -> bool:
         if spec.kind == "node-loss" or spec.by_node:
@@ -212,7 +234,7 @@ class FaultInjector:
                 if first:  # once per run, not again from a restarted process of the same pod
                     self.emit(spec.kind, step)
             if mine:
-                factor = max(factor, spec.factor)
+                factor = max(factor, spec.factor or 1.0)
         return factor
 
     def _claim_slow(self, spec: FaultSpec) -> tuple[bool, bool]:
@@ -262,7 +284,9 @@ class FaultInjector:
         keeps_replica_of: Callable[[int], bool] | None = None,
     ) -> None:
         """Fire every step fault due at the start of `step` on this rank (ckpt-crash is not one).
-        `keeps_replica_of(R)`: this rank keeps R's peer replica (a replica-corrupt fires there)."""
+        `keeps_replica_of(R)`: this rank keeps R's peer replica (a replica-corrupt fires there). Arms a
+        nan or spike fault of `step` for `numeric`."""
+        self.armed = None
         for spec in self.specs:
             if spec.kind == "repeat-exception" and spec.step == step:
                 self.emit(spec.kind, step)
@@ -272,7 +296,9 @@ class FaultInjector:
             if spec.kind in (*IN_SAVE_KINDS, "slow") or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
-            if spec.kind == "exception":
+            if spec.kind in NUMERIC_KINDS:
+                self.armed = spec
+            elif spec.kind == "exception":
                 raise InjectedFault(f"injected {spec}")
             if spec.kind == "replica-corrupt":
                 if damage_replicas is not None:
@@ -290,6 +316,16 @@ class FaultInjector:
                 _hang()
             elif spec.kind == "node-loss":
                 _lose_node()
+
+    def numeric(self, step: int) -> float | None:
+        """What a nan or spike fault armed for `step` multiplies this rank's gradients and loss by (NaN
+        for nan), or None: applied by the numerical guard's hooks (trainer/resilience/guard.py)."""
+        spec = self.armed
+        if spec is None or spec.step != step:
+            return None
+        if spec.kind == "nan":
+            return math.nan
+        return spec.factor if spec.factor is not None else SPIKE_FACTOR
 
     def in_checkpoint(self, step: int) -> None:
         """CheckpointHooks.before_commit: die inside the first save at or after a ckpt-crash step."""

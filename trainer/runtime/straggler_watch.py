@@ -1,17 +1,19 @@
 """The step loop's straggler watch: each rank's compute and wait per step, carried in the loop's one
 collective, scored (trainer/resilience/straggler.py) and acted on.
 
-`buffer` is the loop's step-end all_reduce buffer: slot 0 the loss, then one slot per rank for its
-compute this step and one per rank for its wait in the previous step's collective. A rank writes only
+`buffer` is this watch's part of the loop's step-end all_reduce buffer (trainer/runtime/step_check.py
+`StepCheck.extra`, after the loss and the numerical guard's numbers): one slot per rank for its compute
+this step and one per rank for its wait in the previous step's collective (`slots`). A rank writes only
 its own slots (the SUM of a vector where each slot has one writer is exact in any order), so every rank
 reads the same figures, finds the same straggler at the same step, and no collective is added.
 
-On a finding, local rank 0 of the straggling node (alone: one `straggler` event per finding) asks
-whether a hot spare stands by (trainer/resilience/liveness.py `spare_standing_by`), applies the policy
-(`decide`) and, to evict, records the eviction and asks its pod's supervisor to leave
-(SIGUSR1: trainer/launcher/supervise.py ends ft_launcher and its workers and exits `EVICTED_EXIT`). The
-peers then see a node loss and recover as from one: the spare takes the node's place and restores from
-the replica the ring neighbour keeps.
+On a finding, every rank reports the node suspect (trainer/resilience/suspect.py: the `node_suspect`
+event and metric the numerical guard's suspects share, and the handlers registered there); local rank 0
+of the straggling node (alone: one `straggler` event per finding) asks whether a hot spare stands by
+(trainer/resilience/liveness.py `spare_standing_by`), applies the policy (`decide`) and, to evict,
+records the eviction and asks its pod's supervisor to leave (SIGUSR1: trainer/launcher/supervise.py ends
+ft_launcher and its workers and exits `EVICTED_EXIT`). The peers then see a node loss and recover as from
+one: the spare takes the node's place and restores from the replica the ring neighbour keeps.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainer.resilience import suspect
 from trainer.resilience.straggler import THRESHOLD, WINDOW, Finding, StragglerScorer, decide
 
 if TYPE_CHECKING:
@@ -40,6 +43,11 @@ EVICT_WAIT_S = 60.0
 """How long an evicting rank waits for its supervisor to end it before it raises instead."""
 
 
+def slots(world_size: int) -> int:
+    """The all_reduce slots the watch needs: each rank's compute and wait."""
+    return 2 * world_size
+
+
 class StragglerWatch:
     """One attempt's timings and scorer (new with each attempt: its first steps are the warm-up)."""
 
@@ -49,17 +57,19 @@ class StragglerWatch:
         proc: ProcessInfo,
         events: EventLog,
         faults: FaultInjector,
-        device: torch.device,
+        buffer: torch.Tensor,
     ) -> None:
-        self.proc, self.events, self.faults, self.device = proc, events, faults, device
+        self.proc, self.events, self.faults, self.device = proc, events, faults, buffer.device
         self.policy = cfg.run.straggler_policy
         self.ranks_per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         self.scorer = StragglerScorer(proc.world_size, self.ranks_per_node)
-        self.buffer = torch.zeros(1 + 2 * proc.world_size, device=device)
+        if buffer.numel() != slots(proc.world_size):
+            raise ValueError(f"straggler watch: {buffer.numel()} slots for {proc.world_size} ranks")
+        self.buffer = buffer
         self.evictions = cfg.run.out_dir / "straggler" / "evictions.jsonl"
         self._wait = 0.0
 
-    def arrive(self, step: int, t_start: float, loss: torch.Tensor | None) -> None:
+    def arrive(self, step: int, t_start: float) -> None:
         """This rank reached the step's collective: fill its slots (after a `slow` fault's delay)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the step's kernels are its compute, not its wait
@@ -70,18 +80,27 @@ class StragglerWatch:
             compute *= factor
         world, rank = self.proc.world_size, self.proc.rank
         self.buffer.zero_()
-        if loss is not None:
-            self.buffer[0] = loss.to(self.buffer.device, torch.float32).reshape(())
-        self.buffer[1 + rank] = compute
-        self.buffer[1 + world + rank] = self._wait
+        self.buffer[rank] = compute
+        self.buffer[world + rank] = self._wait
 
     def reduced(self, step: int, wait_s: float) -> None:
         """The collective returned after `wait_s`: score the step's figures and act on a finding."""
         self._wait = wait_s
         world = self.proc.world_size
-        figures = self.buffer[1:].to("cpu", torch.float64)
+        figures = self.buffer.to("cpu", torch.float64)
         finding = self.scorer.add(step, figures[:world], figures[world:])
-        if finding is not None and self.proc.rank == finding.ranks[0]:
+        if finding is None:
+            return
+        why = (
+            f"{finding.score:.2f}x its peers' compute over {WINDOW} steps "
+            f"(threshold {THRESHOLD}x, ranks {list(finding.ranks)})"
+        )
+        suspect.report(
+            suspect.SuspectNode(finding.node, tuple(finding.ranks), "straggler", why, finding.step),
+            self.events,
+            rank=self.proc.rank,
+        )
+        if self.proc.rank == finding.ranks[0]:
             self._act(finding)
 
     def _act(self, finding: Finding) -> None:

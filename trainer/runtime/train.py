@@ -29,6 +29,7 @@ from trainer.config.train_config import TrainConfig
 from trainer.events import spans
 from trainer.events.metrics import EventLog, write_summary
 from trainer.launcher import prefork
+from trainer.resilience.guard import Guard
 from trainer.resilience.timeouts import trainer_ports
 from trainer.resilience.verdict import RepeatGuard
 from trainer.runtime.children import kill_children
@@ -70,6 +71,8 @@ class Trainer:
 
         self.heartbeat = Heartbeat.from_env(policy=policy_from_config(cfg, self.proc.rank))
         self.snapshots = Snapshots.for_run(cfg, rank=self.proc.rank, world_size=self.proc.world_size)
+        self.guard = Guard(cfg.guard, cfg.run.out_dir, rank=self.proc.rank)
+        """The numerical guard and the run's record of skipped batches (read once per process)."""
         self.store: dist.Store | None = None
         if self.proc.rank == 0:
             # Host the training group's store now, before the in-process Wrapper's initial barrier: the
@@ -144,15 +147,9 @@ class Trainer:
                 progress=lambda: ping(call_wrapper),
             )
             job = RunningJob(
-                self.cfg,
-                self.proc,
-                session,
-                events=self.events,
-                faults=self.faults,
-                heartbeat=self.heartbeat,
-                call_wrapper=call_wrapper,
-                snapshots=self.snapshots,
-            )
+                self.cfg, self.proc, session, events=self.events, faults=self.faults, guard=self.guard,
+                heartbeat=self.heartbeat, call_wrapper=call_wrapper, snapshots=self.snapshots,
+            )  # fmt: skip
             self.job = job
             rng.seed_all(self.cfg.run.seed, self.proc.rank)
             self.train(job)

@@ -22,8 +22,9 @@ class SnapshotConfig:
     interval_steps: int = setting(
         "--snapshot-interval",
         "copy model, optimizer and trainer state into host memory every N steps (0 = off)",
-        default=0,
+        default=1,
         low=0,
+        high=10**12,
         note=" (0 = off)",
         chart="snapshotInterval",
     )

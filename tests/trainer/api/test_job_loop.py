@@ -136,6 +136,9 @@ def trainer(
         # No --data-path (nor any reference-model option): a team's function reads its own data.
         sys.executable, "-m", "trainer", f"--entrypoint={TEAM}:{fn}", f"--steps={steps}", "--ckpt-interval=2",
         "--ckpt-mode=sync", f"--ckpt-dir={ckpt}", "--device=cpu", f"--seed={SEED}", f"--out-dir={out}",
+        # A local run: no metrics endpoint (the cluster's 9400 would linger for a scrape) and no snapshots
+        # in the host's shared /dev/shm unless a test asks for them.
+        "--metrics-port=0", "--snapshot-interval=0",
         *extra,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")}

@@ -34,6 +34,7 @@ def _trainer(data: Path, out: Path, mode: str, *extra: str) -> list[str]:
         f"--ckpt-mode={mode}", f"--out-dir={out}", "--device=cpu", "--seed=11", "--no-inprocess",
         "--collective-timeout=30", "--inprocess-soft-timeout=60", "--inprocess-hard-timeout=90",
         "--inprocess-barrier-timeout=100", "--heartbeat-timeout=120",
+        "--metrics-port=0", "--snapshot-interval=0",  # a local run (the defaults are the cluster's)
         "--", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
     ], extra)  # fmt: skip
 

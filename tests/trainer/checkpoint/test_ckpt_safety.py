@@ -513,7 +513,9 @@ def test_one_checkpoint_config_behind_the_cli(tmp_path: Path) -> None:
     cfg = config_from_args(argv, env={})
     assert isinstance(cfg.ckpt, Direct)
     assert TrainConfig.__dataclass_fields__["ckpt"].type in ("CheckpointConfig", Direct)
-    assert cfg.ckpt == Direct(dir=tmp_path / "out" / "ckpt")  # CLI defaults are the dataclass defaults
+    # CLI defaults are the dataclass defaults; the one derived field comes from --collective-timeout.
+    derived = cfg.timeouts.collective_timeout
+    assert cfg.ckpt == Direct(dir=tmp_path / "out" / "ckpt", collective_timeout_s=derived)
     cfg = config_from_args(
         [*argv, "--ckpt-write-timeout=30", "--ckpt-failure-limit=5", "--allow-fresh-start"], env={}
     )

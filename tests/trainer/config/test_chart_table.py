@@ -22,7 +22,7 @@ from trainer.config.train_config import TrainConfig, make_parser
 from trainer.reference import config as reference
 from trainer.snapshot.config import DEFAULT_DIR as SNAPSHOT_DEFAULT_DIR
 
-POD_TPL = REPO / "k8s" / "templates" / "_pod.tpl"
+ARGS_TPL = REPO / "k8s" / "templates" / "_trainer_args.tpl"
 
 # One non-default value per row, by field: set through the table, read back from the TrainConfig the
 # trainer parses out of the rendered pod command.
@@ -55,6 +55,10 @@ SAMPLE: dict[str, Any] = {
     "metrics.linger": 7.0,
     "faults.specs": {"a": "exception:step=3:rank=1"},
     "faults.seed": 9,
+    "guard.enabled": False,
+    "guard.spike_factor": 4.5,
+    "guard.window": 7,
+    "guard.suspect_trips": 3,
 }
 
 
@@ -73,9 +77,10 @@ def _field_value(cfg: Any, dotted: str) -> Any:
 
 
 def _pod_template_block(name: str) -> str:
-    text = POD_TPL.read_text()
+    text = ARGS_TPL.read_text()
     start = text.index(f'{{{{- define "{name}" -}}}}')
-    return text[start : text.index("{{- end }}\n\n", start)]
+    end = text.find("{{- end }}\n\n", start)
+    return text[start : end if end >= 0 else len(text)]
 
 
 def test_every_row_is_an_option_of_the_generated_cli_and_a_chart_value() -> None:
@@ -102,10 +107,10 @@ def test_every_row_is_an_option_of_the_generated_cli_and_a_chart_value() -> None
 
 
 def test_every_chart_value_the_trainer_command_reads_has_a_row() -> None:
-    """Both ways, statically: the `$v.<key>` references of the trainer's arguments in _pod.tpl are the
+    """Both ways, statically: the `$v.<key>` references of the generated _trainer_args.tpl are the
     table's values (extraTrainerArgs passes options through as written), and the `$(ENV)` ones its places."""
     for name, table in (
-        ("trainer.trainerArgs", CHART_TABLE),
+        ("trainer.settingArgs", CHART_TABLE),
         ("trainer.referenceArgs", reference.REFERENCE_CHART_TABLE),
     ):
         block = _pod_template_block(name)

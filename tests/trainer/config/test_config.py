@@ -44,7 +44,7 @@ def test_defaults_parse_and_nest() -> None:
 def test_the_library_config_holds_no_model_data_or_optimizer() -> None:
     """A team's function needs no reference-model flag: the library neither requires nor knows one."""
     cfg = config_from_args(_args("--entrypoint=team.train"), env={})
-    assert set(cfg.to_dict()) == {"run", "ckpt", "timeouts", "snapshot", "metrics", "faults"}
+    assert set(cfg.to_dict()) == {"run", "ckpt", "timeouts", "snapshot", "metrics", "faults", "guard"}
     assert "lr" not in cfg.to_dict()["run"]
     with pytest.raises(ConfigError, match="config error: arguments: unrecognized arguments: --data-path"):
         config_from_args(_args("--data-path=/tmp/x.npy"), env={})
@@ -75,8 +75,9 @@ def test_reference_defaults(data: Path) -> None:
     from trainer.reference.config import reference_config
 
     ref = reference_config(["--data-path", str(data)])
-    assert (ref.model.preset, ref.data.path, ref.data.seq_len, ref.optim.lr) == ("tiny", data, 128, 3e-4)
-    assert ref.arch.max_seq_len == 512
+    # The cluster's model (k8s/values.yaml gets the same defaults, generated).
+    assert (ref.model.preset, ref.data.path, ref.data.seq_len, ref.optim.lr) == ("8b", data, 4096, 3e-4)
+    assert ref.arch.max_seq_len == 8192
 
 
 @pytest.mark.parametrize(
@@ -86,12 +87,12 @@ def test_reference_defaults(data: Path) -> None:
         (["--ckpt-interval", "0"], "ckpt_interval"),
         (["--ckpt-keep", "0"], "ckpt_keep"),
         (["--metrics-port", "70000"], "metrics_port"),
-        (["--collective-timeout", "100"], "inprocess_soft_timeout"),
+        (["--collective-timeout", "200"], "inprocess_soft_timeout"),
         (["--inprocess-hard-timeout", "50"], "inprocess_hard_timeout"),
         (["--heartbeat-timeout", "100"], "heartbeat_timeout"),
         (["--fault", "meteor:step=3"], "fault"),
         (["--fault", "exception:rank=1"], "fault"),
-        (["--fault", "exception:step=500"], "fault"),
+        (["--fault", "exception:step=5000"], "fault"),
         (["--fault", "ckpt-crash:step=99", "--ckpt-interval", "10", "--steps", "99"], "fault"),
     ],
 )
@@ -142,7 +143,10 @@ def test_cli_help_lists_the_contract_options() -> None:
 @pytest.mark.parametrize(
     ("reference_args", "line"),
     [
-        (["--seq-len", "4096"], "config error: seq_len: must be in [1, 512] for preset tiny"),
+        (
+            ["--preset", "tiny", "--seq-len", "4096"],
+            "config error: seq_len: must be in [1, 512] for preset tiny",
+        ),
         (["--data-path", "/nonexistent/t.npy"], "config error: data_path: /nonexistent/t.npy does not exist"),
     ],
 )
@@ -187,14 +191,17 @@ def test_bad_config_exits_before_any_process_group(
 
 
 def test_timeouts_must_nest() -> None:
-    Timeouts(1, 2, 3, 4, 5).check()
+    Timeouts(1, 2, 3, 4, 5, None).check()  # None: the liveness timeout follows the hard timeout
     with pytest.raises(TimeoutNestingError) as info:
-        Timeouts(1, 2, 3, 3, 5).check()
+        Timeouts(1, 2, 3, 4, 5).check()  # the default liveness timeout (10 s) exceeds the hard one
+    assert info.value.field == "inprocess_liveness_timeout"
+    with pytest.raises(TimeoutNestingError) as info:
+        Timeouts(1, 2, 3, 3, 5, None).check()
     assert info.value.field == "inprocess_barrier_timeout"
     with pytest.raises(TimeoutNestingError) as info:
-        Timeouts(0, 2, 3, 4, 5).check()
+        Timeouts(0, 2, 3, 4, 5, None).check()
     assert info.value.field == "collective_timeout"
-    kwargs = Timeouts(1, 2, 3, 4, 5).wrapper_kwargs()
+    kwargs = Timeouts(1, 2, 3, 4, 5, None).wrapper_kwargs()
     assert kwargs["soft_timeout"] < kwargs["hard_timeout"] < kwargs["barrier_timeout"]
     assert kwargs["heartbeat_timeout"] < kwargs["barrier_timeout"]
 

@@ -60,3 +60,26 @@ def test_the_child_exits_when_its_training_process_is_killed(tmp_path: Path) -> 
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child), "the endpoint process outlived its killed parent"
+
+
+def _scrape(port: int) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return int(response.status)
+
+
+def test_a_killed_child_is_started_again_on_the_same_port(tmp_path: Path) -> None:
+    server = MetricsServer(tmp_path, 0, rank=0, addr="127.0.0.1")
+    try:
+        first = server._proc.pid
+        assert _scrape(server.port) == 200
+        os.kill(first, signal.SIGKILL)  # from outside: the training process sent nothing
+        deadline = time.monotonic() + 30
+        while (server._proc.pid == first or server.restarts == 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.restarts == 1 and server._proc.pid != first
+        assert _scrape(server.port) == 200, "the endpoint is back on the port the scraper knows"
+    finally:
+        server.close()
+    assert server._proc.returncode == 0 and server.restarts == 1, "a closed handle is not restarted"

@@ -106,7 +106,7 @@ def test_prometheus_sees_the_runs_goodput_faults_and_tiers(
         f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=0", "--monitor-interval=0.2",
         "-m", "trainer", f"--steps={STEPS}", "--ckpt-interval=3", "--ckpt-keep=3", "--ckpt-mode=nvrx",
         f"--out-dir={out}", "--device=cpu", "--seed=11", "--inprocess", "--fault=exception:step=6:rank=1",
-        f"--metrics-port={metrics_port}", "--metrics-linger=60", *TIMEOUTS,
+        f"--metrics-port={metrics_port}", "--metrics-linger=60", "--snapshot-interval=0", *TIMEOUTS,
         "--", "--preset=tiny", f"--data-path={data}", "--seq-len=32", "--micro-batch-size=2",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}

@@ -24,11 +24,9 @@ from typing import Any
 import pytest
 
 from bench import recovery_pods
-from tests.trainer._pods import PODS_CFG, PODS_STEPS
+from tests.trainer.launcher.pods import PODS_CFG, pods_data
 
 pytestmark = pytest.mark.slow
-
-CFG = PODS_CFG
 
 
 def _final_state(out: Path) -> str:
@@ -45,13 +43,9 @@ def runs(
     tmp_path_factory: pytest.TempPathFactory, pods_clean_run: tuple[dict[str, Any], Path]
 ) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("no-spof")
-    data = recovery_pods.make_data(work / "tokens.npy", CFG)
     faulted = recovery_pods.SCENARIOS["compound/host-rendezvous-launcher"]
-    assert (faulted.nodes, faulted.spares, faulted.nproc, faulted.steps) == (2, 1, 1, PODS_STEPS)
-    return {
-        "faulted": (recovery_pods.run_once(faulted, CFG, work / "faulted", data), work / "faulted"),
-        "clean": pods_clean_run,
-    }
+    rec = recovery_pods.run_once(faulted, PODS_CFG, work / "faulted", pods_data(tmp_path_factory))
+    return {"faulted": (rec, work / "faulted"), "clean": pods_clean_run}
 
 
 def _logs(run_dir: Path) -> str:

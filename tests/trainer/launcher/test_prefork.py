@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
-from trainer.launcher.prefork import PID_ENV, SOCKET_ENV
+from trainer.launcher.prefork import PID_ENV, PID_FILE_SUFFIX, SOCKET_ENV
 
 READY_S = 180.0
 
@@ -41,6 +41,11 @@ if mode == "lose":  # the node-loss fault: kill this worker's launcher agent wit
     os.environ["TORCHELASTIC_RUN_ID"] = "probe"
     from trainer.runtime.faults import _lose_node
     _lose_node()
+if mode == "wait":  # run until a file "go" appears in the working directory, then exit 5
+    print(os.getpid(), flush=True)
+    while not os.path.exists("go"):
+        time.sleep(0.05)
+    sys.exit(5)
 if mode == "term":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))
 print(os.getpid(), flush=True)
@@ -62,10 +67,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A zygote whose parent is this test process; the environment a worker needs to reach it."""
-    sock = tmp_path_factory.mktemp("zy") / "z.sock"
+def _start_zygote(sock: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """A zygote whose parent is this test process, once it is ready; the environment a worker needs to
+    reach it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer.launcher.prefork.server", str(sock), str(os.getpid())],
         cwd=REPO,
@@ -78,7 +82,12 @@ def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < deadline, "the zygote never bound its socket"
         time.sleep(0.1)
-    env = {**os.environ, SOCKET_ENV: str(sock), PID_ENV: str(proc.pid), "PYTHONPATH": str(REPO)}
+    return proc, {**os.environ, SOCKET_ENV: str(sock), PID_ENV: str(proc.pid), "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    proc, env = _start_zygote(tmp_path_factory.mktemp("zy") / "z.sock")
     yield env
     proc.kill()
     proc.wait()
@@ -161,6 +170,31 @@ def test_killing_the_stand_in_kills_a_frozen_worker(zygote: dict[str, str], work
             os.kill(worker, signal.SIGKILL)
 
 
+def test_workers_outlive_a_killed_zygote_and_their_stand_ins_report_how_they_ended(
+    workdir: Path, tmp_path: Path
+) -> None:
+    # The zygote killed from outside (its own zygote: the module's serves the other tests) while two
+    # workers train: both run on, one exits with its own status, the other is killed by a signal.
+    proc, env = _start_zygote(tmp_path / "z.sock")
+    clients = []
+    try:
+        clients = [_start(env, workdir, "wait"), _start(env, workdir, "sleep")]
+        workers = [_worker_pid(c) for c in clients]
+        proc.kill()
+        proc.wait()
+        time.sleep(0.5)
+        assert all(_alive(w) for w in workers), "a worker died with its zygote"
+        assert all(c.poll() is None for c in clients), "a stand-in ended with the zygote"
+        (workdir / "go").touch()
+        assert clients[0].wait(timeout=30) == 5, "the worker's own exit status, from the status pipe"
+        os.kill(workers[1], signal.SIGKILL)
+        assert clients[1].wait(timeout=30) == -signal.SIGKILL
+    finally:
+        for client in clients:
+            client.kill()
+        proc.kill()
+
+
 def test_sigterm_to_the_stand_in_reaches_the_worker(zygote: dict[str, str], workdir: Path) -> None:
     client = _start(zygote, workdir, "term")
     _worker_pid(client)
@@ -230,3 +264,25 @@ def test_the_node_loss_fault_kills_the_launcher_not_the_zygote(zygote: dict[str,
     )
     assert agent.wait(timeout=60) == -signal.SIGKILL, "the agent's process group is what a lost node loses"
     assert _alive(int(zygote[PID_ENV])), "the zygote (another pod's, in a real job) must survive"
+
+
+def test_a_worker_waits_for_the_replacement_zygote_its_pid_file_names(tmp_path: Path, workdir: Path) -> None:
+    # The first zygote (PID_ENV) is dead; the launcher started another, still importing (a sleeper here):
+    # the worker waits for it instead of importing cold beside it, and starts cold once it dies too.
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    importing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sock = tmp_path / "z.sock"
+        Path(f"{sock}{PID_FILE_SUFFIX}").write_text(str(importing.pid))
+        env = {**os.environ, SOCKET_ENV: str(sock), PID_ENV: dead.stdout.strip(), "PYTHONPATH": str(REPO)}
+        client = _start(env, workdir, "report")
+        time.sleep(1.0)
+        assert client.poll() is None, "the worker did not wait for the zygote being started"
+        importing.kill()
+        _, err = client.communicate(timeout=60)
+        assert "starting cold" in err
+    finally:
+        importing.kill()
+        importing.wait()

@@ -223,3 +223,38 @@ def test_an_evicted_straggler_ends_ft_launcher_and_leaves_with_the_eviction_stat
     assert sup.run() == EVICTED_EXIT
     assert time.monotonic() - started < 30
     assert sup.restarts == 0
+
+
+def test_a_dead_zygote_is_replaced_on_the_same_socket_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer.launcher import __main__ as wrapper
+
+    sock = tmp_path / "zygote.sock"
+    started: list[list[str]] = []
+    real_popen = subprocess.Popen
+
+    def popen(argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(argv)
+        assert not sock.exists(), "a dead zygote's socket is removed before the next one binds it"
+        sock.touch()  # as the zygote's bind would
+        return real_popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    monkeypatch.setattr(wrapper.subprocess, "Popen", popen)
+    logged: list[str] = []
+    zygote = wrapper.Zygote(str(sock), ["team.train"], log=logged.append)
+    assert zygote.pids() == {zygote.proc.pid}, "a live zygote is kept as it is"
+    for restart in range(1, wrapper.ZYGOTE_RESTARTS + 2):
+        old = zygote.proc
+        old.kill()
+        old.wait()
+        kept = zygote.pids()
+        if restart <= wrapper.ZYGOTE_RESTARTS:
+            assert kept == {zygote.proc.pid} and zygote.proc is not old
+            assert (
+                f"ended (signal 9); its workers train on; starting a fresh zygote (restart {restart})"
+                in (logged[-1])
+            )
+    assert len(started) == 1 + wrapper.ZYGOTE_RESTARTS, "restarts are bounded"
+    assert all(a[-3:] == [str(sock), str(os.getpid()), "team.train"] for a in started)
+    zygote.proc.kill()

@@ -2,9 +2,11 @@
 Job replaces the lost pod and training resumes.
 
 Two local pods of one rank each run the pod command (ft_launcher ... -m trainer, as the chart renders it)
-with tier 1 on; pod 1 is lost whole (SIGKILL of every process of it). The survivor's Wrapper notices the
-missing peer after its liveness timeout, leaves the Wrapper for tier 2, and its process must then exit
-within 2 s, so that its launcher restarts the workers with the replacement pod. Without the workaround
+with tier 1 on; pod 1 is lost whole (SIGKILL of every process of it). The survivor's collective fails as
+the lost pod's sockets close; its lost-pod probe (trainer/resilience/lostpods.py) finds pod 1's presence
+listener gone and records its rank terminated, so the survivor leaves the Wrapper for tier 2 within 2 s
+although the liveness timeout is 15 s (without the probe it waits those 15 s), and its process must then
+exit within 2 s, so that its launcher restarts the workers with the replacement pod. Without the workaround
 for NVRx's `get_initial_ranks` bug (trainer/resilience/inprocess.py: WrapperStore) the survivor's
 `CallWrapper.shutdown` fails and the process hangs until the Wrapper's hard timeout (30 s here).
 
@@ -26,11 +28,12 @@ from tools.localpods import JobResult
 # The kill comes at step 4-6 (the first commit, nvrx's, lands a few steps after the save of step 2): 14
 # leaves the run far from its end then, and the replacement little to redo (30 cost ~20 s of saves).
 STEPS = 14
-LIVENESS_S = 3.0
+LIVENESS_S = 15.0
 HARD_S = 30.0
+NOTICED_S = 2.0
 EXIT_AFTER_LEAVE_S = 2.0
-# The liveness timeout well below the collective timeout (the survivor notices the lost peer by its
-# missing beats, not by a timed-out collective) and the hard timeout far above both (a survivor hanging
+# The liveness timeout far above NOTICED_S (a survivor that waited for the lost peer's missing beats is
+# told apart from one whose probe found the pod gone) and the hard timeout above it (a survivor hanging
 # in the Wrapper's shutdown is told apart from one that exits).
 VALUES = {
     "steps": STEPS,
@@ -106,7 +109,7 @@ def lost_node(tmp_path_factory: pytest.TempPathFactory, tokens: Path) -> LostNod
 
 
 @pytest.mark.slow
-def test_survivor_of_a_lost_node_leaves_the_wrapper_and_exits_within_2_s(lost_node: LostNode) -> None:
+def test_survivor_of_a_lost_pod_leaves_the_wrapper_in_2_s_and_exits_2_s_later(lost_node: LostNode) -> None:
     run = lost_node
     evs = pods.events(run.out)
     detected = [e for e in evs if e["ev"] == "fault_detected" and e["pid"] == run.survivor]
@@ -122,7 +125,10 @@ def test_survivor_of_a_lost_node_leaves_the_wrapper_and_exits_within_2_s(lost_no
         f"lost node: noticed {left_at - run.killed_at:.2f} s after the kill, "
         f"exited {run.exited_at - left_at:.2f} s later"
     )
-    assert left_at - run.killed_at <= LIVENESS_S + 1.0 + 3.0, "the lost peer was noticed late"
+    assert left_at - run.killed_at < NOTICED_S, (
+        f"the lost pod was noticed {left_at - run.killed_at:.1f} s after the kill (liveness timeout "
+        f"{LIVENESS_S} s): the probe did not find it gone\n{pods.logs(run.tmp, tail=4000)}"
+    )
     assert run.exited_at - left_at <= EXIT_AFTER_LEAVE_S, (
         f"survivor exited {run.exited_at - left_at:.1f} s after leaving the Wrapper\n"
         + pods.logs(run.tmp, tail=4000)

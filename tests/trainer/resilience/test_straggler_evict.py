@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench import recovery_pods
-from tests.trainer._pods import PODS_CFG, PODS_STEPS
+from tests.trainer.launcher.pods import PODS_CFG, pods_data
 from trainer.events.metrics import read_events
 from trainer.resilience.straggler import EVICTED_EXIT, THRESHOLD
 
@@ -30,12 +30,12 @@ def _logs(run_dir: Path) -> str:
 
 
 def test_a_slow_node_is_evicted_into_the_spare_and_the_run_ends_as_a_clean_one(
-    tmp_path: Path, pods_clean_run: tuple[dict[str, Any], Path]
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    pods_clean_run: tuple[dict[str, Any], Path],
 ) -> None:
     sc = recovery_pods.SCENARIOS["straggler/evict"]
-    assert (sc.nodes, sc.spares, sc.nproc, sc.steps) == (2, 1, 1, PODS_STEPS)
-    data = recovery_pods.make_data(tmp_path / "tokens.npy", PODS_CFG)
-    rec = recovery_pods.run_once(sc, PODS_CFG, tmp_path / "run", data)
+    rec = recovery_pods.run_once(sc, PODS_CFG, tmp_path / "run", pods_data(tmp_path_factory))
     assert rec["succeeded"] and rec["status"] == "completed", (rec["reason"], _logs(tmp_path / "run")[-6000:])
 
     events, _ = read_events(tmp_path / "run" / "out")

@@ -14,9 +14,10 @@ def _args(data: Path, *extra: str) -> list[str]:
     return ["--out-dir", "/tmp/unused-out", *extra]
 
 
-def test_snapshots_are_off_by_default_and_parse(token_file: Path) -> None:
-    cfg = config_from_args(_args(token_file), env={})
-    assert not cfg.snapshot.enabled and cfg.snapshot.dir == Path("/dev/shm/trainer-snapshots")
+def test_snapshots_default_to_every_step_and_parse(token_file: Path) -> None:
+    cfg = config_from_args(_args(token_file), env={})  # the cluster's default: a fault costs one step
+    assert cfg.snapshot.interval_steps == 1 and cfg.snapshot.dir == Path("/dev/shm/trainer-snapshots")
+    assert not config_from_args(_args(token_file, "--snapshot-interval=0"), env={}).snapshot.enabled
     cfg = config_from_args(_args(token_file, "--snapshot-interval=2", "--snapshot-dir=/dev/shm/x"), env={})
     assert cfg.snapshot == SnapshotConfig(interval_steps=2, dir=Path("/dev/shm/x"))
     assert [s for s in range(6) if cfg.snapshot.due(s)] == [1, 3, 5]

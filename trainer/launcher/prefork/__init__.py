@@ -33,6 +33,11 @@ SOCKET_ENV = "TRAINER_PREFORK_SOCKET"
 PID_ENV = "TRAINER_PREFORK_PID"
 """The zygote's PID: a worker waits for the socket only while that process lives."""
 
+PID_FILE_SUFFIX = ".pid"
+"""`<socket>.pid`: the PID of the pod's current zygote, rewritten when the launcher starts a fresh one
+(PID_ENV names the first one): a worker started while the new zygote imports waits for its fork instead
+of importing the same modules cold beside it."""
+
 _launcher_pid: int | None = None  # set in a forked worker: its stand-in's parent
 
 

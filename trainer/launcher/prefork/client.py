@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import sys
 import time
 from collections.abc import Sequence
 
-from trainer.launcher.prefork import PID_ENV, SOCKET_ENV, wire
+from trainer.launcher.prefork import PID_ENV, PID_FILE_SUFFIX, SOCKET_ENV, wire
 
 READY_WAIT_S = 180.0
 """How long a worker waits for a zygote that is still importing (it is alive, its socket not bound yet).
@@ -28,9 +29,12 @@ def run_forked(module: str, argv: Sequence[str]) -> int | None:
     sock = _connect(os.environ.get(SOCKET_ENV, ""), os.environ.get(PID_ENV, ""))
     if sock is None:
         return None
-    # The write end never leaves this process and is never closed by it: it closes when this process
-    # ends, however it ends, and then the worker's lifeline thread kills the worker.
-    lifeline_r, _lifeline_w = os.pipe()
+    # The write end never leaves this process and, once the worker runs, is never closed by it: it closes
+    # when this process ends, however it ends, and then the worker's lifeline thread kills the worker.
+    lifeline_r, lifeline_w = os.pipe()
+    # The worker writes its exit status here as it exits: what tells this process how the worker ended
+    # when the zygote (which reports it otherwise) died first.
+    status_r, status_w = os.pipe()
     stdio = [_fd_or_devnull(fd) for fd in (0, 1, 2)]
     request = {
         "module": module,
@@ -39,32 +43,68 @@ def run_forked(module: str, argv: Sequence[str]) -> int | None:
         "cwd": os.getcwd(),
         "launcher_pid": os.getppid(),
     }
+    why = "it closed the connection"
     try:
-        wire.send_request(sock, request, [*stdio, lifeline_r])
+        wire.send_request(sock, request, [*stdio, lifeline_r, status_w])
         first = wire.recv_record(sock)
     except (OSError, wire.ProtocolError) as exc:
-        print(f"prefork: zygote did not start the worker ({exc}); starting cold", file=sys.stderr, flush=True)
-        sock.close()
-        return None
+        why, first = str(exc), None
     finally:
         os.close(lifeline_r)
+        os.close(status_w)
     if first is None or first[0] != b"P":
-        print("prefork: zygote closed the connection; starting cold", file=sys.stderr, flush=True)
+        print(f"prefork: zygote did not start the worker ({why}); starting cold", file=sys.stderr, flush=True)
+        sock.close()
+        os.close(lifeline_w)  # a worker forked before the zygote died must not run beside the cold one
+        os.close(status_r)
         return None
     worker = first[1]
+    watch = _pidfd(worker)  # the worker is the zygote's unreaped child now: its PID is its own
     for sig in FORWARDED:
         signal.signal(sig, lambda signum, _frame: _forward(worker, signum))
-    record = wire.recv_record(sock)
-    if record is None or record[0] != b"X":  # the zygote died: the worker's status is lost with it
-        _forward(worker, signal.SIGKILL)
-        return 1
-    code = os.waitstatus_to_exitcode(record[1])
+    try:
+        record = wire.recv_record(sock)
+    except (OSError, wire.ProtocolError):
+        record = None
+    if record is not None and record[0] == b"X":
+        code = os.waitstatus_to_exitcode(record[1])
+    else:
+        code = _outlive_zygote(worker, watch, status_r)
     if code < 0:  # killed by a signal: die of the same one, so the launcher sees what it would have
         if -code in FORWARDED:
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         time.sleep(1.0)
     return code if code >= 0 else 128 - code
+
+
+def _outlive_zygote(worker: int, watch: int | None, status_r: int) -> int:
+    """The zygote died while the worker ran: the worker trains on (reparented to the pod's main process)
+    and this stand-in keeps mirroring it, so losing the zygote costs the job no restart round. Waits for
+    the worker's end through its pidfd and returns its exit code from the status pipe; a worker that wrote
+    none was killed by a signal, which one is lost with the zygote (reported as SIGKILL)."""
+    if watch is None:  # no pidfd (Linux < 5.3): the worker cannot be watched; end it, as before
+        _forward(worker, signal.SIGKILL)
+        return 1
+    print("prefork: the zygote died; the worker runs on", file=sys.stderr, flush=True)
+    while True:
+        with contextlib.suppress(InterruptedError):
+            if select.select([watch], [], [])[0]:
+                break
+    os.close(watch)
+    os.set_blocking(status_r, False)
+    try:
+        data = os.read(status_r, 16)
+    except BlockingIOError:  # a child of the worker still holds the write end; nothing was written
+        data = b""
+    return int(data) if data.isdigit() else -signal.SIGKILL
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):  # gone already (its "X" record follows) or no pidfd here
+        return None
 
 
 def _connect(path: str, zygote_pid: str) -> socket.socket | None:
@@ -78,10 +118,21 @@ def _connect(path: str, zygote_pid: str) -> socket.socket | None:
             return sock
         except OSError:
             sock.close()
-        if not _alive(int(zygote_pid)) or time.monotonic() > deadline:
+        current = _current_zygote(path, zygote_pid)
+        if current is None or not _alive(current) or time.monotonic() > deadline:
             print(f"prefork: no zygote at {path}; starting cold", file=sys.stderr, flush=True)
             return None
         time.sleep(0.02)
+
+
+def _current_zygote(path: str, first: str) -> int | None:
+    """The PID of the pod's current zygote: its PID file (a replaced zygote's), else the first one's."""
+    try:
+        with open(path + PID_FILE_SUFFIX) as fh:
+            text = fh.read().strip()
+    except OSError:
+        text = first
+    return int(text) if text.isdigit() else None
 
 
 def _alive(pid: int) -> bool:

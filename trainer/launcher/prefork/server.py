@@ -54,6 +54,7 @@ PRELOAD = (
     "nvidia_resiliency_ext.inprocess",
 )
 PARENT_POLL_S = 0.5
+_status_fd = -1  # in a forked worker: the write end of its client's status pipe (wire.py)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -179,7 +180,10 @@ class Zygote:
             os.close(self.wake_r)
             os.close(self.wake_w)
             os.setsid()  # its own session and group, like a worker the launcher starts
-            stdin, stdout, stderr, lifeline = fds
+            stdin, stdout, stderr, lifeline, status = fds
+            os.set_inheritable(status, False)
+            global _status_fd
+            _status_fd = status
             for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
                 os.dup2(fd, target)
                 os.close(fd)
@@ -213,6 +217,7 @@ def _exit_like_a_cold_worker(code: int) -> None:
     def last_resort() -> None:
         time.sleep(EXIT_HANDLERS_TIMEOUT_S)
         _kill_children(multiprocessing)
+        _report_status(code)
         os._exit(code)
 
     threading.Thread(target=last_resort, name="exit-deadline", daemon=True).start()
@@ -222,7 +227,14 @@ def _exit_like_a_cold_worker(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    _report_status(code)
     os._exit(code)
+
+
+def _report_status(code: int) -> None:
+    """Tell the client this worker's exit status, for when the zygote is no longer there to report it."""
+    with contextlib.suppress(OSError):
+        os.write(_status_fd, b"%d" % code)
 
 
 def _kill_children(multiprocessing: Any) -> None:

@@ -2,8 +2,9 @@
 
 client -> zygote: one request: a 4-byte big-endian length, then that many bytes of JSON
     {"module": ..., "argv": [...], "env": {...}, "cwd": ..., "launcher_pid": ...}; its first chunk
-    carries, as SCM_RIGHTS, the client's stdin, stdout and stderr and the read end of its lifeline pipe
-    (in that order).
+    carries, as SCM_RIGHTS, the client's stdin, stdout and stderr, the read end of its lifeline pipe and
+    the write end of its status pipe (in that order). The worker writes its exit status to the status
+    pipe (ASCII digits) as it exits: the client's only source of it when the zygote died first.
 zygote -> client: b"P" + the worker's PID (8 bytes), then b"X" + its raw wait status (8 bytes) when it
     has been reaped. Fixed-size records and JSON only: nothing on this socket is unpickled.
 """
@@ -16,7 +17,7 @@ import socket
 import struct
 from typing import Any
 
-FDS_PER_REQUEST = 4
+FDS_PER_REQUEST = 5
 MAX_REQUEST_BYTES = 4 << 20  # argv + environment; a real environment is a few KiB
 _LENGTH = struct.Struct("!I")
 _RECORD = struct.Struct("!cq")

@@ -1,0 +1,1 @@
+"""Tests of trainer/health/: the node health daemon."""
