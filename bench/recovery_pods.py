@@ -25,6 +25,8 @@ compound/spare-during-join/2-spares
                                 launcher stop beating (trainer/resilience/liveness.py), and the
                                 second spare takes over without waiting for a replacement pod
 compound/monitors-then-rank     ft_launcher's rank monitors killed, then a rank SIGKILLed
+straggler/evict                 node 1 three times slower from step 3 (`slow` fault); a hot spare
+                                waits: the straggler watch evicts node 1, the spare takes its place
 kills/each-process              a rank SIGKILLed (the single fault whose MTTR sets the bound), then
                                 one of each of a pod's processes SIGKILLed from outside, a few steps
                                 apart (tools/podkill.py): the zygote, the metrics exporter, a worker,
@@ -179,6 +181,9 @@ SCENARIOS: dict[str, PodsScenario] = {
             "kill-monitors",
             inprocess=False,
         ),
+        # Found after WARMUP + WINDOW steps of the attempt (trainer/resilience/straggler.py), evicted
+        # with the spare standing by; the rest of the run at full speed.
+        PodsScenario("straggler/evict", 2, 1, 1, ("slow:step=3:node=1:factor=3",), snapshots=True, steps=40),
         PodsScenario(
             "kills/each-process",
             2,

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from goodput import inputs
+from goodput import inputs, straggler
 from goodput.fit import predict_from_summary, with_measured_mttrs
 from goodput.model import (
     Plan,
@@ -128,6 +128,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--team from the storage sizing (options given on the command line still win)",
     )
     p.add_argument("--team", default=None, help="the team in --teams (default: the first)")
+    p.add_argument(
+        "--straggler-rate",
+        type=float,
+        default=straggler.RATE_PER_NODE_DAY,
+        help=f"stragglers per node-day (default {straggler.RATE_PER_NODE_DAY:.3g}: an assumption, "
+        "goodput/straggler.py)",
+    )
+    p.add_argument(
+        "--straggler-slowdown",
+        type=float,
+        default=straggler.SLOWDOWN,
+        help=f"times slower the job runs with a straggler (default {straggler.SLOWDOWN:g}, assumed)",
+    )
+    p.add_argument(
+        "--straggler-policy",
+        choices=("evict", "report"),
+        default="evict",
+        help="evict into a hot spare (the chart's default) or only report (default evict)",
+    )
+    p.add_argument(
+        "--straggler-mitigation",
+        type=float,
+        default=straggler.MITIGATION_S,
+        help=f"seconds until a reported straggler is acted on (default {straggler.MITIGATION_S:.0f}, "
+        "assumed)",
+    )
     return p
 
 
@@ -244,9 +270,28 @@ def run_plan(args: argparse.Namespace) -> dict[str, Any]:
             "efficiency": base_out.efficiency,
         },
     }
+    result["stragglers"] = _stragglers(args, plan, specs, out.efficiency)
     if getattr(args, "team_block", None) is not None:
         result["team"] = args.team_block
     return result
+
+
+def _stragglers(args: argparse.Namespace, plan: Plan, specs: Any, efficiency: float) -> dict[str, Any]:
+    """The straggler term (goodput/straggler.py): evicted at a node loss's cost (the peer tier's MTTR)."""
+    term = straggler.StragglerTerm(
+        args.straggler_rate, args.straggler_slowdown, args.straggler_policy, args.straggler_mitigation
+    )
+    peers = [s.mttr_s for s in specs if s.rollback == "peer"]
+    evict_mttr = peers[0] if peers else max(s.mttr_s for s in specs)
+    lost = term.lost(plan.nodes, args.step_time, evict_mttr)
+    return {
+        "rate_per_node_day": term.rate_per_node_day,
+        "slowdown": term.slowdown,
+        "policy": term.policy,
+        "cost_s": term.cost_s(args.step_time, evict_mttr),
+        "lost": lost,
+        "efficiency": efficiency * (1.0 - lost),
+    }
 
 
 def format_text(r: dict[str, Any]) -> str:
@@ -283,6 +328,13 @@ def format_text(r: dict[str, Any]) -> str:
         lines[2:2] = [f"  storage problem: {p}" for p in z["problems"]]
         lines[2:2] = [f"  storage warning: {w}" for w in z["warnings"]]
     lines += [f"  {k:<24} {100 * v:6.2f}" for k, v in r["lost"].items()]
+    if "stragglers" in r:
+        st = r["stragglers"]
+        lines.append(
+            f"stragglers         {st['rate_per_node_day']:.3g}/node-day at {st['slowdown']:g}x, "
+            f"{st['policy']}: {st['cost_s']:.0f} s each, {100 * st['lost']:.2f} % of wall lost -> "
+            f"{100 * st['efficiency']:.2f} % with them (assumed rates: goodput/straggler.py)"
+        )
     b = r["baseline"]
     lines.append(
         f"baseline           checkpoint-restart only (MTTR {b['mttr_s']:.0f} s, stall {b['stall_s']:.3g} s, "

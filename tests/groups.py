@@ -24,7 +24,7 @@ from _pytest.nodeid import NodeId
 HEAVY = "heavy"
 CLUSTER = "controlplane"
 CONTROL_PLANE_FIXTURE = "control_plane"
-SHARED_RUNS = frozenset({"clean_run", "faulty_run"})
+SHARED_RUNS = frozenset({"clean_run", "faulty_run", "pods_clean_run"})
 """Session fixtures of tests/trainer/conftest.py that start a multi-process run."""
 
 

@@ -101,7 +101,11 @@ def synthesize(teams_file: Path, team: dict[str, Any], out: Path) -> dict[str, A
 
 
 # -- 2. render -----------------------------------------------------------------------------------
-def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
+def render(
+    release: dict[str, Any], overrides: Path | list[Path], out: Path, sets: list[str] | None = None
+) -> PodTemplate:
+    """`helm template` with the synthesized values, then each values file of `overrides` in order, then
+    each `--set` of `sets`."""
     values_path = out / "values-synthesized.json"
     values_path.write_text(json.dumps(release["Values"], indent=2) + "\n")
     cmd = [
@@ -113,9 +117,12 @@ def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
         str(release.get("Namespace", "default")),
         "-f",
         str(values_path),
-        "-f",
-        str(overrides),
     ]
+    layered = out / "values-overrides.yaml"
+    layered.write_text(yaml.safe_dump(layer(overrides if isinstance(overrides, list) else [overrides])))
+    cmd += ["-f", str(layered)]
+    for item in sets or []:
+        cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"demo: helm template failed: {proc.stderr.strip()}")
@@ -127,6 +134,27 @@ def render(release: dict[str, Any], overrides: Path, out: Path) -> PodTemplate:
         f"image {release['Values']['image']['repository']}:{release['Values']['image']['tag'][:12]}..."
     )
     return pod
+
+
+def layer(paths: list[Path]) -> dict[str, Any]:
+    """The values files merged in order, as helm merges them, except that a null removes a key before
+    the chart's schema sees it (`faults: {soft: null}` drops the demo's soft fault)."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        merged = dict(base)
+        for key, value in over.items():
+            if value is None:
+                merged.pop(key, None)
+            elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = merge(merged[key], value)
+            else:
+                merged[key] = value
+        return merged
+
+    values: dict[str, Any] = {}
+    for path in paths:
+        values = merge(values, yaml.safe_load(path.read_text()) or {})
+    return values
 
 
 # -- 3. run --------------------------------------------------------------------------------------
@@ -312,6 +340,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "planner_lost": prediction["lost"],
         "loss_breakdown_s": loss_terms(summary),
         "slow_steps": summary["slow_steps"],
+        "stragglers": summary.get("stragglers", []),
         "guard": summary.get("guard") or {},
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
@@ -442,6 +471,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         "MTTR and stall)",
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
         *describe_slow_steps(r["slow_steps"]),
+        *describe_stragglers(r.get("stragglers", [])),
         *describe_guard(r.get("guard") or {}),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
@@ -458,6 +488,17 @@ def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
         f"{slow['over_median_s']:.1f} s beyond the median step ({slow['median_s']:.2f} s), inside the "
         "productive time (what else ran on the same cores: new processes' helpers starting, background "
         "checkpoint writes)"
+    ]
+
+
+def describe_stragglers(found: list[dict[str, Any]]) -> list[str]:
+    """One line per straggler finding (trainer/resilience/straggler.py): the node, how much slower than its
+    peers, and what the policy did."""
+    done = {"evict": "evicted into the hot spare", "report": "reported"}
+    return [
+        f"straggler     node {f['node']} at step {f['step']}: {f['score']:.2f}x its peers' step time "
+        f"({f['history']:.2f}x its own first window); {done.get(f['action'], f['action'])} ({f['reason']})"
+        for f in found
     ]
 
 
@@ -509,8 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--values",
         type=Path,
-        default=REPO / "tools/demo-values.yaml",
-        help="chart values layered over the synthesized ones",
+        action="append",
+        help="chart values layered over the synthesized ones, in order (repeatable; default "
+        "tools/demo-values.yaml)",
+    )
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="a helm --set after the values files"
     )
     parser.add_argument("--out", type=Path, default=REPO / "out/demo", help="output directory")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the run is abandoned")
@@ -534,8 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     team = default_team(args.teams.resolve())
     say(f"1/4 synthesize the environment of team '{team['name']}' ({args.teams})")
     release = synthesize(args.teams.resolve(), team, out)
-    say("2/4 render the trainer chart with the synthesized values + " + str(args.values))
-    pod = render(release, args.values.resolve(), out)
+    values = [p.resolve() for p in args.values or [REPO / "tools/demo-values.yaml"]]
+    say("2/4 render the trainer chart with the synthesized values + " + " + ".join(map(str, values)))
+    pod = render(release, values, out, args.sets)
     say("3/4 run the pod command locally (CPU, gloo)")
     npods = int(pod.trainer.env.get("MAX_NNODES", pod.trainer.env["NNODES"]))
     try:

@@ -485,6 +485,14 @@ podFailurePolicy:
       onPodConditions:
         - type: DisruptionTarget
           status: "True"
+    {{- /* A straggler evicted into a hot spare (trainer/resilience/straggler.py EVICTED_EXIT): replaced,
+    not counted, like a node loss. */}}
+    - action: Ignore
+      onExitCodes:
+        containerName: trainer
+        operator: In
+        values:
+          - 95
     {{- with $v.failJobExitCodes }}
     {{- /* No containerName: the rule covers the check-config init container too. */}}
     - action: FailJob

@@ -16,6 +16,7 @@ declared with chart= (a value) or place= (a pod env entry, expanded by the kubel
 - {{ ternary "--inprocess" "--no-inprocess" $v.inprocess }}
 - --max-repeated-faults={{ int $v.maxRepeatedFaults }}
 - {{ printf "--entrypoint=%s" $v.entrypoint | quote }}
+- {{ printf "--straggler-policy=%s" $v.stragglerPolicy | quote }}
 - {{ printf "--collective-timeout=%v" $v.collectiveTimeout | quote }}
 - {{ printf "--inprocess-soft-timeout=%v" $v.inprocessSoftTimeout | quote }}
 - {{ printf "--inprocess-hard-timeout=%v" $v.inprocessHardTimeout | quote }}

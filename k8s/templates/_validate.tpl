@@ -83,6 +83,18 @@ unquoted y, yes, on (n, no, off) key arrives as "true" ("false"), and two of the
 {{- end }}
 {{- $step := get $seen "step" | int }}
 {{- $last := sub (int $v.steps) 1 }}
+{{- if and (eq $kind "slow") (not (hasKey $seen "factor")) }}
+{{- fail (printf "faults.%s: %q: slow needs factor=F" $name $spec) }}
+{{- end }}
+{{- if and (hasKey $seen "factor") (not (has $kind (list "slow" "spike"))) }}
+{{- fail (printf "faults.%s: %q: factor=F is for slow and spike only" $name $spec) }}
+{{- end }}
+{{- if and (eq $kind "slow") (hasKey $seen "factor") (or (le (float64 (get $seen "factor")) 1.0) (gt (float64 (get $seen "factor")) 100.0)) }}
+{{- fail (printf "faults.%s: %q: factor must be > 1 and <= 100" $name $spec) }}
+{{- end }}
+{{- if and (eq $kind "slow") (hasKey $seen "rank") (hasKey $seen "node") }}
+{{- fail (printf "faults.%s: %q: slow takes rank=R or node=K, not both" $name $spec) }}
+{{- end }}
 {{- if has $kind (list "ckpt-crash" "ckpt-write-error") }}
 {{- /* It fires in the first save at or after its step (trainer/state/cadence.py next_due). The run's
      last step always saves (cadence.is_due), so whatever ckptInterval is, there is such a save exactly

@@ -149,8 +149,15 @@ def test_failure_policy_leaves_restarts_to_ft_launcher_and_replaces_lost_pods() 
     assert spec["backoffLimit"] == 5
     assert spec["maxFailedIndexes"] == 0
     assert spec["podReplacementPolicy"] == "Failed"
-    ignore, fail_job = spec["podFailurePolicy"]["rules"]
+    ignore, evicted, fail_job = spec["podFailurePolicy"]["rules"]
     assert ignore == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    # A straggler evicted into a hot spare leaves with its own status: replaced, not counted.
+    from trainer.resilience.straggler import EVICTED_EXIT
+
+    assert evicted == {
+        "action": "Ignore",
+        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [EVICTED_EXIT]},
+    }
     assert fail_job["action"] == "FailJob"
     # No containerName: exit code 2 of the check-config init container fails the Job too.
     assert fail_job["onExitCodes"] == {"operator": "In", "values": [2, 93]}

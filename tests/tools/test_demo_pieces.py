@@ -112,6 +112,39 @@ def test_the_report_names_the_slow_steps_as_ranges() -> None:
     assert line.startswith("slow steps    3 steps (0-1, 7) ran 4.2 s beyond the median step (0.50 s)"), line
 
 
+def test_the_report_has_a_line_per_straggler_saying_what_the_policy_did() -> None:
+    from tools.demo import describe_stragglers
+
+    assert describe_stragglers([]) == []
+    found = {"step": 9, "node": 1, "score": 2.76, "history": 2.5, "action": "evict"}
+    (evicted,) = describe_stragglers([{**found, "reason": "a hot spare stands by"}])
+    assert evicted.startswith("straggler     node 1 at step 9: 2.76x its peers' step time"), evicted
+    assert "evicted into the hot spare (a hot spare stands by)" in evicted
+    (reported,) = describe_stragglers([{**found, "action": "report", "reason": "no hot spare stands by"}])
+    assert "reported (no hot spare stands by)" in reported
+
+
+def test_values_files_layer_in_order_and_a_null_drops_a_key(tmp_path: Path) -> None:
+    from tools.demo import layer
+
+    base = tmp_path / "base.yaml"
+    base.write_text(
+        "steps: 60\nfaults:\n  soft: exception:step=17:rank=1\n  hard: node-loss:step=37:node=0\n"
+    )
+    over = tmp_path / "over.yaml"
+    over.write_text("faults:\n  soft: null\n  slow: slow:step=5:node=1:factor=3\nstragglerPolicy: report\n")
+    assert layer([base, over]) == {
+        "steps": 60,
+        "faults": {"hard": "node-loss:step=37:node=0", "slow": "slow:step=5:node=1:factor=3"},
+        "stragglerPolicy": "report",
+    }
+    # The project's own overlays render: the straggler demo has the slow fault and only it.
+    repo = Path(__file__).resolve().parents[2] / "tools"
+    straggler = layer([repo / "demo-values.yaml", repo / "demo-straggler.yaml"])
+    assert straggler["faults"] == {"slow": "slow:step=5:node=1:factor=3"}
+    assert layer([repo / "demo-values.yaml", repo / "demo-fault-free.yaml"])["faults"] == {}
+
+
 def test_the_report_names_the_guards_rollbacks_and_suspect_nodes() -> None:
     from tools.demo import GUARD_NAME, describe_guard, handled_by
 

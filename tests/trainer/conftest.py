@@ -81,3 +81,12 @@ def faulty_run(token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tu
     log = out.parent / "job.log"
     assert run_job(pod_command(token_file, out, *FAULTY_RUN_FAULTS), log) == 0, log_tail(log)
     return out, log
+
+
+@pytest.fixture(scope="session")
+def pods_clean_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """(the record, the run directory) of the fault-free pods run (tests/trainer/launcher/pods.py) every
+    faulted pods run of its shape compares with (launcher/ and resilience/ tests alike)."""
+    from tests.trainer.launcher import pods
+
+    return pods.clean_run(tmp_path_factory)

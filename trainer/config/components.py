@@ -27,6 +27,7 @@ from typing import Any, Literal
 from trainer.checkpoint.config import CheckpointConfig
 from trainer.config.settings import EXACT_INT, WEEK_S, ChartRow, ConfigError, chart_rows, check, setting
 from trainer.resilience.guard import GuardConfig
+from trainer.resilience.straggler_policy import POLICIES, StragglerPolicy
 from trainer.resilience.timeouts import Timeouts
 from trainer.runtime.faults import FAULT_KINDS, FaultSpec
 from trainer.snapshot.config import SnapshotConfig
@@ -105,6 +106,17 @@ class RunConfig:
         chart="entrypoint",
     )
     """The team's training function (trainer/api): called with a `Job` once per attempt."""
+    straggler_policy: StragglerPolicy = setting(
+        "--straggler-policy",
+        "a node slower than its peers for a window: report it, or evict it into a hot spare (only when one "
+        "stands by)",
+        default="evict",
+        choices=POLICIES,
+        chart="stragglerPolicy",
+    )
+    """What a straggler finding does (trainer/resilience/straggler.py): `report` (an event, a metric, a
+    report line) or `evict` (the same, then its pod leaves and a hot spare takes its place; without a
+    spare standing by, or within a window of the last eviction, it reports only)."""
     entry_args: tuple[str, ...] = setting(
         None, "the arguments after --, for the entry point", factory=tuple, kind=tuple
     )

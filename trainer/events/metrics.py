@@ -39,6 +39,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "snapshot": ("step", "blocked_s", "copy_s", "bytes"),
     "replica": ("step", "holder", "bytes", "send_s", "ok"),
     "data_position_unsaved": ("data",),
+    "straggler": ("step", "node", "ranks", "score", "history", "policy", "action", "reason"),
     "guard_tripped": ("step", "reason", "loss", "grad_norm"),
     "guard_rollback": ("step", "restored_step", "ranks", "rollback_s"),
     "node_suspect": ("node", "ranks", "source", "reason", "step"),
@@ -359,6 +360,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         ],
         "restore_skipped": restore_skipped(by_ev.get("restore_skipped", [])),
         "faults": fault_reports,
+        "stragglers": [straggler_line(e) for e in by_ev.get("straggler", [])],
         "loss_s": loss,
         "guard": guard_stats(by_ev.get("guard_rollback", []), by_ev.get("node_suspect", [])),
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
@@ -372,6 +374,18 @@ def restore_skipped(events: Iterable[dict[str, Any]]) -> dict[str, int]:
     for e in events:
         counts[str(e["source"])] = counts.get(str(e["source"]), 0) + 1
     return dict(sorted(counts.items()))
+
+
+def straggler_line(e: dict[str, Any]) -> dict[str, Any]:
+    """A `straggler` event as the summary and the live metrics keep it."""
+    return {
+        "step": int(e["step"]),
+        "node": int(e["node"]),
+        "score": float(e["score"]),
+        "history": float(e["history"]),
+        "action": str(e["action"]),
+        "reason": str(e["reason"]),
+    }
 
 
 SLOW_STEP_FACTOR = 2.0
@@ -475,13 +489,15 @@ def loss_breakdown(
 
 
 def guard_stats(rollbacks: list[dict[str, Any]], suspects: list[dict[str, Any]]) -> dict[str, Any]:
-    """The numerical guard's work (rank 0's events): each rollback skipped the batch of its step."""
+    """The numerical guard's work (rank 0's events): each rollback skipped the batch of its step. Its
+    suspect nodes only: the straggler watch's are in the summary's `stragglers`."""
     rollbacks = [e for e in rollbacks if int(e["rank"]) == 0]
+    mine = (e for e in suspects if int(e["rank"]) == 0 and e.get("source", "guard") == "guard")
     return {
         "rollbacks": len(rollbacks),
         "skipped_steps": [int(e["step"]) for e in rollbacks],
         "rollback_s": _stats(float(e["rollback_s"]) for e in rollbacks),
-        "suspect_nodes": sorted({int(e["node"]) for e in suspects if int(e["rank"]) == 0}),
+        "suspect_nodes": sorted({int(e["node"]) for e in mine}),
     }
 
 

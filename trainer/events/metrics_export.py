@@ -292,6 +292,22 @@ def _fault_families(fold: RunFold) -> Iterator[Metric]:
     for tier, n in sorted(fold.detections_rank0.items()):
         detections.add_metric([tier], float(n))
     yield detections
+    stragglers = CounterMetricFamily(
+        "trainer_stragglers_total",
+        "Nodes found slower than their peers for a window, by what the straggler policy did (evict, report)",
+        labels=["action"],
+    )
+    actions: dict[str, int] = {}
+    for found in fold.stragglers:
+        actions[found["action"]] = actions.get(found["action"], 0) + 1
+    for action, n in sorted(actions.items()):
+        stragglers.add_metric([action], float(n))
+    yield stragglers
+    yield from _gauge(
+        "trainer_straggler_score",
+        "The last straggler's score: its step time over its peers' median (absent until one is found)",
+        fold.stragglers[-1]["score"] if fold.stragglers else None,
+    )
     yield _counter(
         "trainer_restores_total",
         "Checkpoint restores by rank 0 (one per start, recovery or not; a fresh start restores nothing)",
@@ -337,7 +353,7 @@ def _checkpoint_families(fold: RunFold, first_t: float | None, now: float) -> It
     )
     yield _counter(
         "trainer_suspect_nodes_total",
-        "Nodes reported suspect (repeated corruption on one of their ranks)",
+        "Nodes reported suspect (repeated corruption on one of their ranks, or a straggler)",
         len(fold.suspect_nodes),
     )
     if fold.last_commit is not None:

@@ -139,6 +139,7 @@ class RunFold:
         self.detections_rank0: dict[str, int] = {}
         self.faults: list[dict[str, Any]] = []  # every fault_injected, compact
         self.restores_all: list[tuple[float, int, str | None]] = []
+        self.stragglers: list[dict[str, Any]] = []  # every `straggler` finding (rare: one per window)
         self.guard_rollbacks = 0  # rank 0's guard_rollback events: each skipped one batch
         self.suspect_nodes: set[int] = set()  # nodes rank 0 reported suspect (node_suspect)
         self._reset_steps()
@@ -212,6 +213,10 @@ class RunFold:
         elif ev == "restore_skipped":
             source = str(e["source"])
             self.restore_skipped[source] = self.restore_skipped.get(source, 0) + 1
+        elif ev == "straggler":
+            from trainer.events.metrics import straggler_line
+
+            self.stragglers.append(straggler_line(e))
         elif rank0 and ev == "run_start":
             if self.world_size is None or t >= self.world_size[0]:
                 self.world_size = (t, int(e["world_size"]))

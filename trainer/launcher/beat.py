@@ -19,10 +19,12 @@ from typing import Any
 from trainer.launcher.presence import presence_port
 from trainer.resilience.liveness import (
     BEAT_INTERVAL_S,
+    STANDBY_COUNT_KEY,
     join_endpoint,
     liveness_key,
     local_address_towards,
     presence_key,
+    standby_key,
     store_client,
 )
 
@@ -48,7 +50,10 @@ def rdzv_endpoint(argv: list[str]) -> str | None:
 
 class LauncherBeat:
     """The launcher's beat for its node: `serve(cycle, group_rank)` after each rendezvous that made this
-    node active, `pause()` when it enters the next one. The thread starts with the first `serve`."""
+    node active, `pause()` when it enters the next one. While paused it beats under its standby slot
+    instead (`standby_key`): a hot spare waits in the rendezvous for the whole run, and a straggler's node
+    asks whether one does before it leaves (trainer/resilience/straggler.py). The thread starts with the
+    first `pause` or `serve`."""
 
     def __init__(
         self,
@@ -72,6 +77,7 @@ class LauncherBeat:
         self._io_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._standby: str | None = None
 
     def serve(self, cycle: int, group_rank: int) -> None:
         with self._lock:
@@ -79,16 +85,21 @@ class LauncherBeat:
             if self.presence_port is not None:
                 self._presence = presence_key(cycle, group_rank)
         self._beat_once()  # before the workers start: a peer never sees this round's key missing
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="trainer-liveness-beat", daemon=True)
-            self._thread.start()
+        self._start()
 
     def pause(self) -> None:
         with self._lock:
             self._key = None
+        self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trainer-liveness-beat", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
-        self.pause()
+        with self._lock:
+            self._key = None
         self._stop.set()
 
     def _run(self) -> None:
@@ -98,8 +109,6 @@ class LauncherBeat:
     def _beat_once(self) -> None:
         with self._lock:
             key = self._key
-            if key is None:
-                return
             self._count += 1
             count = self._count
             presence = self._presence
@@ -110,7 +119,11 @@ class LauncherBeat:
             try:
                 if self._store is None:
                     self._store = self._store_factory(self.endpoint)
-                if presence is not None:
+                if key is None:  # in a rendezvous: a standby for as long as it waits there
+                    if self._standby is None:
+                        self._standby = standby_key(int(self._store.add(STANDBY_COUNT_KEY, 1)))
+                    key = self._standby
+                elif presence is not None:
                     self._publish_presence(presence)
                 self._store.set(key, str(count))
             except Exception as exc:  # the store host is gone or slow: the job restarts anyway; try again

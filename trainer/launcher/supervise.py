@@ -34,9 +34,12 @@ answers for as long as the pod lives, and refuses once it is gone, so its peers 
 terminated at once (trainer/resilience/lostpods.py).
 
 Signals the kubelet sends (SIGTERM, SIGINT) are forwarded to ft_launcher and end supervision: a pod that
-is being stopped is never restarted. The supervisor leads the pod's process group, as the exec'd
-ft_launcher did, so the node-loss fault (trainer/runtime/faults.py) still kills the whole pod through
-`SUPERVISOR_PID_ENV`.
+is being stopped is never restarted. SIGUSR1 comes from the pod's own worker when the straggler watch
+evicts this node (trainer/runtime/straggler_watch.py): ft_launcher is SIGKILLed (as a node loss would, so
+it neither stops the job's rendezvous nor waits for its workers), its leftovers are ended, and the pod
+exits `EVICTED_EXIT`, which the chart's podFailurePolicy does not count; the hot spare takes its place.
+The supervisor leads the pod's process group, as the exec'd ft_launcher did, so the node-loss fault
+(trainer/runtime/faults.py) still kills the whole pod through `SUPERVISOR_PID_ENV`.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ empty when none did (record_service_after_failure)."""
 REJOIN_WAIT_S = 120.0
 """How long a launcher that lost its store waits for a rendezvous service to answer again."""
 POLL_S = 0.25
+EVICTED_EXIT = 95
+"""A straggler's pod leaving: trainer/resilience/straggler.py EVICTED_EXIT (this module imports no torch)."""
 LAUNCHER_RESTARTS = 3
 """How often one pod's ft_launcher, killed from outside, is started again before the pod gives up."""
 _PR_SET_CHILD_SUBREAPER = 36
@@ -165,6 +170,7 @@ class Supervisor:
         self.log = log
         self.restarts = 0
         self.stopping = False
+        self.evicted = False
         self._child: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -174,6 +180,13 @@ class Supervisor:
         with self._lock:
             if self._child is not None and self._child.poll() is None:
                 self._child.send_signal(signum)
+
+    def evict(self, _signum: int = signal.SIGUSR1, _frame: object = None) -> None:
+        """This node was evicted as a straggler: end ft_launcher at once; `run` then exits EVICTED_EXIT."""
+        self.evicted = self.stopping = True
+        with self._lock:
+            if self._child is not None and self._child.poll() is None:
+                self._child.kill()
 
     def joined_epoch(self) -> str | None:
         """The epoch ft_launcher's process wrote (None: it never reached a service with one)."""
@@ -209,6 +222,8 @@ class Supervisor:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(stale)
             with self._lock:
+                if self.evicted:
+                    return EVICTED_EXIT
                 if self.stopping:
                     return 128 + signal.SIGTERM
                 self._child = subprocess.Popen(self.command, env=env)
@@ -216,6 +231,10 @@ class Supervisor:
             while (rc := child.poll()) is None:
                 reap_orphans(kept() | {child.pid})
                 time.sleep(POLL_S)
+            if self.evicted:
+                left = end_orphans(kept() | {child.pid})
+                self.log(f"evicted as a straggler: ended ft_launcher and its {left} processes; leaving")
+                return EVICTED_EXIT
             if rc == 0 or self.stopping:
                 return _exit_status(rc)
             if rc < 0 and killed_restarts < LAUNCHER_RESTARTS:
@@ -319,6 +338,7 @@ def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, kee
     become_subreaper()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, supervisor.forward)
+    signal.signal(signal.SIGUSR1, supervisor.evict)
     return supervisor.run(keep)
 
 

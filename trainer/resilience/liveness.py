@@ -67,6 +67,36 @@ def lost_key(cycle: int) -> str:
     return f"trainer/liveness/{cycle}/lost"
 
 
+STANDBY_COUNT_KEY = "trainer/standby/count"
+"""Incremented once by each launcher process when it first waits in a rendezvous: its standby slot."""
+
+
+def standby_key(slot: int) -> str:
+    """A launcher waiting in a rendezvous (a hot spare, while the job trains) writes a changing counter
+    here every BEAT_INTERVAL_S; it stops once a round makes its node active."""
+    return f"trainer/standby/{slot}"
+
+
+def spare_standing_by(
+    store: Any, wait_s: float = 1.5 * BEAT_INTERVAL_S, sleep: Callable[[float], None] = time.sleep
+) -> bool:
+    """Whether a hot spare's launcher waits in the rendezvous now: a standby counter that changes within
+    `wait_s` (a launcher that died or became active leaves its counter standing). Reads every slot twice;
+    asked only by a straggler's node about to be evicted, never per step."""
+    slots = int(store.add(STANDBY_COUNT_KEY, 0))
+    keys = [standby_key(i) for i in range(1, slots + 1)]
+
+    def values() -> dict[str, bytes]:
+        return {k: bytes(store.get(k)) for k in keys if store.check([k])}
+
+    before = values()
+    if not before:
+        return False
+    sleep(wait_s)
+    after = values()
+    return any(after.get(k) != v for k, v in before.items())
+
+
 def presence_key(cycle: int, group_rank: int) -> str:
     """`host:port` of the presence listener of the pod that holds `group_rank` in round `cycle`
     (trainer/launcher/presence.py), written by its launcher next to its beat; read by

@@ -25,6 +25,10 @@ Kinds and where they fire (rank R defaults to 0, node K to 0):
     replica-corrupt  from the start of step N the rank keeping rank R's peer replica damages every
                   replica of R it holds and receives (memory gone bad at rest); a node loss of R's node
                   then needs it (add `node-loss:step=M:node=K`, M > N)
+    slow          from step N on, rank R (or, with node=K, every rank of node K) is `factor` times slower:
+                  after its step it sleeps (F - 1) x the step's own time (trainer/resilience/straggler.py
+                  finds it). Bound to the pod that first fired it (its marker names the pod), so the spare
+                  that takes the node's place after an eviction is not slow.
     nan           in step N rank R's gradients (in the optimizer's step, so the update really is NaN)
                   and the loss it logs become NaN: what the numerical guard rolls back
     spike         in step N rank R's gradients and logged loss are multiplied by `factor` (default 1000)
@@ -54,6 +58,7 @@ FaultKind = Literal[
     "repeat-exception",
     "snapshot-corrupt",
     "replica-corrupt",
+    "slow",
     "nan",
     "spike",
 ]
@@ -82,7 +87,10 @@ class FaultSpec:
     rank: int = 0
     node: int = 0
     factor: float | None = None
-    """`spike` only: what the step's gradients and loss are multiplied by (None: SPIKE_FACTOR)."""
+    """`slow`: how many times slower its ranks are (> 1, required); `spike`: what the step's gradients and
+    loss are multiplied by (None: SPIKE_FACTOR). None for every other kind."""
+    by_node: bool = False
+    """A `slow` fault given with node=K (every rank of the node), not rank=R."""
 
     @property
     def key(self) -> str:
@@ -90,6 +98,9 @@ class FaultSpec:
         return f"{self.kind}-step{self.step}-rank{self.rank}-node{self.node}"
 
     def __str__(self) -> str:
+        if self.kind == "slow":
+            who = f"node={self.node}" if self.by_node else f"rank={self.rank}"
+            return f"slow:step={self.step}:{who}:factor={self.factor:g}"
         extra = f":factor={self.factor}" if self.factor is not None else ""
         return f"{self.kind}:step={self.step}:rank={self.rank}:node={self.node}{extra}"
 
@@ -114,6 +125,10 @@ def parse_fault(text: str) -> FaultSpec:
         fields[name] = value
     if "step" not in fields:
         raise ValueError(f"{text!r} needs step=N")
+    if kind == "slow" and "factor" not in fields:
+        raise ValueError(f"factor: slow needs factor=F in {text!r}")
+    if kind == "slow" and "rank" in fields and "node" in fields:
+        raise ValueError(f"node: slow takes rank=R or node=K, not both, in {text!r}")
 
     def as_int(name: str, low: int) -> int:
         raw = fields[name].lstrip("-")
@@ -127,13 +142,32 @@ def parse_fault(text: str) -> FaultSpec:
     rank = RANDOM if fields.get("rank") == "random" else as_int("rank", 0) if "rank" in fields else 0
     node = as_int("node", 0) if "node" in fields else 0
     factor = _factor(kind, fields["factor"], text) if "factor" in fields else None
-    return FaultSpec(kind=cast(FaultKind, kind), step=as_int("step", 0), rank=rank, node=node, factor=factor)
+    return FaultSpec(
+        kind=cast(FaultKind, kind),
+        step=as_int("step", 0),
+        rank=rank,
+        node=node,
+        factor=factor,
+        by_node=kind == "slow" and "node" in fields,
+    )
+
+
+SLOW_FACTOR_MAX = 100.0
 
 
 def _factor(kind: str, raw: str, text: str) -> float:
-    """A spike's `factor=F`: a finite number > 1 (a factor of a kind that takes none is refused)."""
+    """A `factor=F`: for slow a plain decimal number (no exponent, sign, inf or nan), 1 < F <= 100; for
+    spike a finite number > 1 (a factor of a kind that takes none is refused)."""
+    if kind == "slow":
+        digits = raw.replace(".", "", 1)
+        if not (raw and digits and digits.isascii() and digits.isdigit()):
+            raise ValueError(f"factor must be a decimal number in {text!r}, got {raw!r}")
+        value = float(raw)
+        if not 1.0 < value <= SLOW_FACTOR_MAX:
+            raise ValueError(f"factor must be > 1 and <= {SLOW_FACTOR_MAX:g} in {text!r}, got {raw}")
+        return value
     if kind != "spike":
-        raise ValueError(f"factor applies to spike only, not {kind} in {text!r}")
+        raise ValueError(f"factor applies to slow and spike only, not {kind} in {text!r}")
     try:
         value = float(raw)
     except ValueError:
@@ -153,7 +187,7 @@ def resolve_ranks(specs: Sequence[FaultSpec], world_size: int, seed: int) -> lis
             raise ValueError(
                 f"{spec.kind}:step={spec.step}: rank {rank} does not exist (world size {world_size})"
             )
-        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node, spec.factor))
+        out.append(FaultSpec(spec.kind, spec.step, rank, spec.node, spec.factor, spec.by_node))
     return out
 
 
@@ -173,15 +207,50 @@ class FaultInjector:
         self.marker_dir = marker_dir
         self.emit = emit
         self.specs = [s for s in specs if self._targets_me(s)]
+        self._slow_pods: dict[str, bool] = {}
         self.armed: FaultSpec | None = None
         """The nan or spike fault of the step in progress (`numeric`), claimed at its start."""
 
     def _targets_me(self, spec: FaultSpec) -> bool:
-        if spec.kind == "node-loss":
+        if spec.kind == "node-loss" or spec.by_node:
             return spec.node == self.node
         if spec.kind == "replica-corrupt":
             return True  # fired by whichever rank keeps R's replica (at_step's `damage_replicas` says)
         return spec.rank == self.rank
+
+    def slow_factor(self, step: int) -> float:
+        """How many times slower this rank is at `step` (1.0: not slow). A slow fault holds from its step
+        on for the pod that first fired it: its marker names that pod (`pod_identity`), and a rank of
+        another pod (the spare that took the node's place) finds someone else's marker and is not slow.
+        The rank that claims it first emits `fault_injected`."""
+        factor = 1.0
+        for spec in self.specs:
+            if spec.kind != "slow" or step < spec.step:
+                continue
+            mine = self._slow_pods.get(spec.key)
+            if mine is None:
+                mine, first = self._claim_slow(spec)
+                self._slow_pods[spec.key] = mine
+                if first:  # once per run, not again from a restarted process of the same pod
+                    self.emit(spec.kind, step)
+            if mine:
+                factor = max(factor, spec.factor or 1.0)
+        return factor
+
+    def _claim_slow(self, spec: FaultSpec) -> tuple[bool, bool]:
+        """(this pod is the slow one, this call made it so)."""
+        self.marker_dir.mkdir(parents=True, exist_ok=True)
+        path = self.marker_dir / f"{spec.key}-node{self.node}"
+        pod = pod_identity()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(pod, encoding="ascii")
+        try:
+            os.link(tmp, path)  # whole or absent: a neighbour rank never reads a half-written marker
+        except FileExistsError:
+            return path.read_text(encoding="ascii", errors="replace").strip() == pod, False
+        finally:
+            tmp.unlink()
+        return True, True
 
     def _claim(self, spec: FaultSpec) -> bool:
         """True once per run: create the marker file exclusively (a restarted process finds it).
@@ -224,7 +293,7 @@ class FaultInjector:
                 raise InjectedFault(f"injected {spec} (every attempt)")
             if spec.kind == "replica-corrupt" and not (keeps_replica_of and keeps_replica_of(spec.rank)):
                 continue
-            if spec.kind in IN_SAVE_KINDS or spec.step != step or not self._claim(spec):
+            if spec.kind in (*IN_SAVE_KINDS, "slow") or spec.step != step or not self._claim(spec):
                 continue
             self.emit(spec.kind, step)
             if spec.kind in NUMERIC_KINDS:
@@ -284,6 +353,18 @@ def _launcher_round() -> str:
     launcher = os.environ.get(LAUNCHER_ID_ENV, "")
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"{launcher}/{count}" if launcher else count
+
+
+def pod_identity() -> str:
+    """This process's pod: its host name and the pod's main process (the supervisor, or else the launcher
+    agent), which outlive worker restarts and launcher restarts within the pod, and differ between pods
+    (several local pods share one host)."""
+    import socket
+
+    from trainer.launcher.supervise import SUPERVISOR_PID_ENV
+
+    main = os.environ.get(SUPERVISOR_PID_ENV, "") or str(os.getppid())
+    return f"{socket.gethostname()}/{main}"
 
 
 def _marker_round(path: Path) -> str | None:

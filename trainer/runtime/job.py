@@ -29,6 +29,7 @@ from trainer.resilience.guard import Guard, Windows
 from trainer.runtime.faults import corrupt_checkpoint
 from trainer.runtime.preflight import job_config
 from trainer.runtime.step_check import Checked, StepCheck
+from trainer.runtime.straggler_watch import StragglerWatch, slots
 
 if TYPE_CHECKING:
     from trainer.config.train_config import TrainConfig
@@ -200,7 +201,10 @@ class RunningJob(Job):
         self._check = check = StepCheck(
             self._guard, entries["optim"], loop_state.windows, faults,
             rank=self.rank, world_size=self.world_size, device=self.device,
+            extra=slots(self.world_size),
         )  # fmt: skip
+        # Every rank's step timings ride in the check's one all_reduce, after the guard's numbers.
+        watch = StragglerWatch(self._cfg, self._proc, self._events, faults, check.extra)
         try:
             step = loop_state.step + 1
             while step < steps:
@@ -217,7 +221,10 @@ class RunningJob(Job):
                 check.begin(step)
                 yield step, batch
                 check.end()
+                watch.arrive(step, t_start)
+                t_reduce = time.time()
                 checked = check.reduce(self._loss)
+                watch.reduced(step, time.time() - t_reduce)
                 if checked.verdict is not None and not checked.verdict.ok:
                     # Nothing of this step is kept: no step event, snapshot or save; every rank restores
                     # the newest good state and runs this step again on the next batch.

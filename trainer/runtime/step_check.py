@@ -13,6 +13,9 @@ medians of `window` floats), and on a GPU one read of the loss and norm to the h
 rank, where without the guard only rank 0 reads the reduced loss (for the step event): the next step's
 first collective waits for rank 0 anyway. No collective is added, but for an all_gather of one flag per
 rank in a step where more than one rank tripped. bench/guard.py measures it.
+
+The straggler watch's timings (trainer/runtime/straggler_watch.py) ride in the same all_reduce: `extra`
+slots after the guard's, which the watch fills before `reduce` and reads after.
 """
 
 from __future__ import annotations
@@ -57,13 +60,18 @@ class StepCheck:
         rank: int,
         world_size: int,
         device: torch.device,
+        extra: int = 0,
     ) -> None:
         self.guard, self.windows, self.faults = guard, windows, faults
         self.rank, self.world_size = rank, world_size
         on = guard.enabled
+        self._head = PACKED if on else 1
         self.buf = torch.zeros(
-            PACKED if on else 1, dtype=torch.float64 if on else torch.float32, device=device
+            self._head + extra, dtype=torch.float64 if on else torch.float32, device=device
         )
+        self.extra = self.buf[self._head :]
+        """`extra` slots after the guard's, reduced (SUM) in the same all_reduce: their owner (the
+        straggler watch) fills them before `reduce` and reads them after."""
         self.step = -1
         """The step whose body is running (-1: outside the team's step)."""
         self._grad_norm: torch.Tensor | None = None
@@ -107,20 +115,21 @@ class StepCheck:
 
     def reduce(self, loss: torch.Tensor | None) -> Checked:
         """The step's all_reduce (a collective: every rank calls it after the team's step)."""
+        head = self.buf[: self._head]
         if not self.guard.enabled:
             if loss is not None:
-                self.buf.copy_(loss.to(self.buf.device, torch.float32).reshape(1))
+                head.copy_(loss.to(self.buf.device, torch.float32).reshape(1))
             else:
-                self.buf.zero_()
+                head.zero_()
             dist.all_reduce(self.buf)  # mean loss over ranks for the log (and a per-step liveness check)
-            mean = self.buf.item() / self.world_size if loss is not None and self.rank == 0 else math.nan
+            mean = head.item() / self.world_size if loss is not None and self.rank == 0 else math.nan
             return Checked(mean, None)
         value = float(loss.float().reshape(())) if loss is not None else None
         grad = float(self._grad_norm) if self._grad_norm is not None else None
         finding = local_finding(value, grad, self.windows, self.guard.cfg)
-        self.buf.copy_(torch.tensor(pack(value if value is not None else 0.0, finding, self.rank, grad)))
+        head.copy_(torch.tensor(pack(value if value is not None else 0.0, finding, self.rank, grad)))
         dist.all_reduce(self.buf)
-        verdict = unpack(self.buf.tolist())
+        verdict = unpack(head.tolist())
         if verdict.ok:
             self.windows.keep(value, grad)
         mean = verdict.loss_sum / self.world_size if value is not None and verdict.ok else math.nan

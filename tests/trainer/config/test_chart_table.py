@@ -32,6 +32,7 @@ SAMPLE: dict[str, Any] = {
     "run.device": "cpu",
     "run.inprocess": False,
     "run.max_repeated_faults": 2,
+    "run.straggler_policy": "report",
     "run.entrypoint": "team.train:main",
     "timeouts.collective_timeout": 11.0,
     "timeouts.inprocess_soft_timeout": 12.0,

@@ -169,3 +169,30 @@ def test_linger_returns_at_the_next_scrape(tmp_path: Path) -> None:
         assert result == [True]
     finally:
         server.close()
+
+
+def _straggler(step: int, node: int, score: float, action: str) -> tuple[str, float, dict[str, Any]]:
+    fields = {"step": step, "node": node, "ranks": [node], "score": score, "history": 2.9}
+    reason = "a hot spare stands by" if action == "evict" else "no hot spare stands by"
+    return ("straggler", 100.0 + step, {**fields, "policy": "evict", "action": action, "reason": reason})
+
+
+def test_stragglers_are_counted_by_action_as_the_summary_lists_them(tmp_path: Path) -> None:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "events.rank0.jsonl").write_text(_lines(0, RANK0 + END))
+    # Written by the straggling node's local rank 0, whichever rank that is.
+    found = [_straggler(2, 1, 3.1, "report"), _straggler(3, 1, 2.7, "evict")]
+    (tmp_path / "events.rank1.jsonl").write_text(_lines(1, RANK1 + found))
+    summary = summarize(tmp_path)
+    assert [(s["step"], s["node"], s["action"]) for s in summary["stragglers"]] == [
+        (2, 1, "report"),
+        (3, 1, "evict"),
+    ]
+    server = MetricsServer(tmp_path, 0, rank=0, addr="127.0.0.1")
+    try:
+        m = _scrape(server.port)
+    finally:
+        server.close()
+    assert m["trainer_stragglers_total{action=report}"] == 1
+    assert m["trainer_stragglers_total{action=evict}"] == 1
+    assert m["trainer_straggler_score"] == summary["stragglers"][-1]["score"] == 2.7

@@ -1,5 +1,5 @@
 """What the launcher's end-to-end tests share: the pods harness's settings (bench/recovery_pods.py), its
-token file, and the fault-free run they compare with (one per session: tests/trainer/launcher/conftest.py),
+token file, and the fault-free run they compare with (one per session: tests/trainer/conftest.py),
 of the values of every faulted scenario it serves (2 nodes + 1 spare, one rank each, snapshots every
 step, 40 steps)."""
 
@@ -17,7 +17,7 @@ from bench.recovery_pods import PodsConfig, PodsScenario
 # spare is ready still rejoins before the round closes (with 0, the demo's value, the spare can take its
 # place and the survivor's snapshots sit on a standby node: seen once, the ranks then restored nothing).
 PODS_CFG = PodsConfig(last_call_s=1)
-CLEAN_SERVES = ("compound/host-rendezvous-launcher", "kills/each-process")
+CLEAN_SERVES = ("compound/host-rendezvous-launcher", "kills/each-process", "straggler/evict")
 """The scenarios compared with the fault-free run: their shape must be the same."""
 
 

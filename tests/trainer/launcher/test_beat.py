@@ -65,3 +65,23 @@ def test_a_launcher_whose_store_is_gone_keeps_trying_without_raising() -> None:
     time.sleep(0.2)
     beat.stop()
     assert len(calls) >= 3
+
+
+def test_a_launcher_waiting_in_a_rendezvous_is_seen_as_a_standing_spare() -> None:
+    """A paused launcher (a hot spare waiting in the rendezvous) beats under its standby slot, which
+    `spare_standing_by` sees change; once a round makes it active, or it is gone, it is no spare."""
+    from trainer.resilience.liveness import spare_standing_by
+
+    master, endpoint = _master()
+    assert not spare_standing_by(master, wait_s=0.3)  # nobody ever stood by
+    beat = LauncherBeat(endpoint, interval_s=0.05)
+    try:
+        beat.pause()  # in the rendezvous, as a spare is for the whole run
+        master.wait(["trainer/standby/1"], timedelta(seconds=2))
+        assert spare_standing_by(master, wait_s=0.3)
+        beat.serve(cycle=2, group_rank=1)  # admitted: now it trains
+        time.sleep(0.3)  # a beat already past the check may still land (its I/O is outside the lock)
+        assert not spare_standing_by(master, wait_s=0.3)
+    finally:
+        beat.stop()
+    assert not spare_standing_by(master, wait_s=0.3)

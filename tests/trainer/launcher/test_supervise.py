@@ -209,6 +209,22 @@ def test_a_failing_ft_launcher_leaves_its_verdict_on_the_service(
     assert (written.read_text() if written.exists() else None) == verdict, proc.stderr[-2000:]
 
 
+def test_an_evicted_straggler_ends_ft_launcher_and_leaves_with_the_eviction_status(tmp_path: Path) -> None:
+    """SIGUSR1 from the pod's own worker (trainer/runtime/straggler_watch.py): ft_launcher is killed, not
+    started again (a signal from outside would restart it), and the pod exits EVICTED_EXIT."""
+    from trainer.launcher.supervise import EVICTED_EXIT
+    from trainer.resilience.straggler import EVICTED_EXIT as SCORER_EXIT
+
+    assert EVICTED_EXIT == SCORER_EXIT  # the supervisor imports no torch, so it keeps its own copy
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sup = _supervisor(tmp_path, sleeper, {"e1": "e2"})
+    threading.Timer(1.0, sup.evict).start()
+    started = time.monotonic()
+    assert sup.run() == EVICTED_EXIT
+    assert time.monotonic() - started < 30
+    assert sup.restarts == 0
+
+
 def test_a_dead_zygote_is_replaced_on_the_same_socket_a_bounded_number_of_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

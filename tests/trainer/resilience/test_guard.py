@@ -143,12 +143,12 @@ def test_bad_guard_settings_are_refused_in_one_line(flag: str, field: str) -> No
         config_from_args(["--out-dir=/tmp/unused", flag], env={})
 
 
-def test_the_numeric_fault_kinds_parse_with_a_factor_for_spike_only() -> None:
+def test_the_numeric_fault_kinds_parse_with_a_factor_for_spike_alone() -> None:
     assert parse_fault("nan:step=4:rank=1") == FaultSpec("nan", 4, 1, 0)
     assert parse_fault("spike:step=2:factor=50") == FaultSpec("spike", 2, 0, 0, 50.0)
     assert str(parse_fault("spike:step=2:factor=50")) == "spike:step=2:rank=0:node=0:factor=50.0"
     for text, field in [
-        ("nan:step=1:factor=5", "factor applies to spike only"),
+        ("nan:step=1:factor=5", "factor applies to slow and spike only"),
         ("spike:step=1:factor=1", "factor must be a finite number > 1"),
         ("spike:step=1:factor=nan", "factor must be a finite number > 1"),
         ("spike:step=1:factor=ten", "factor must be a number"),
