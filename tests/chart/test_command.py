@@ -322,7 +322,10 @@ def test_check_config_init_container_runs_the_trainers_own_flags(tmp_path: Path)
     np.save(data, np.zeros(4096, dtype=np.uint16))
 
     def start_check(values: dict[str, Any]) -> subprocess.Popen[str]:
-        container = by_kind(render({**values, "dataPath": str(data), "device": "cpu"}), "Job")[0]
+        # metricsPort 0: the check binds the port it is given, and the default 9400 may be a concurrent
+        # test's.
+        rendered = render({"metricsPort": 0, **values, "dataPath": str(data), "device": "cpu"})
+        container = by_kind(rendered, "Job")[0]
         inits = container["spec"]["template"]["spec"]["initContainers"]
         check = next(c for c in inits if c["name"] == "check-config")
         env = env_of(check)
