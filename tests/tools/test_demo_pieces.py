@@ -158,3 +158,20 @@ def test_the_report_names_the_guards_rollbacks_and_suspect_nodes() -> None:
     assert handled_by({"tier": None, "type": "nan"}) == GUARD_NAME
     assert handled_by({"tier": None, "type": "sigkill"}) == "tier ?"
     assert handled_by({"tier": 2, "type": "spike"}).startswith("tier 2")
+
+
+@pytest.mark.parametrize(
+    ("faults", "expected", "ok"),
+    [
+        ([], False, True),  # a fault-free overlay: nothing to recover
+        ([], True, False),  # faults were injected but none fired
+        ([{"recovered": True}], True, True),
+        ([{"recovered": True}, {"recovered": False}], True, False),
+    ],
+)
+def test_the_demo_fails_when_a_fault_did_not_recover_or_none_fired_that_was_injected(
+    faults: list[dict[str, bool]], expected: bool, ok: bool
+) -> None:
+    from tools.demo import faults_recovered
+
+    assert faults_recovered({"faults": faults}, expected) is ok
