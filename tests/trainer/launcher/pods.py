@@ -5,6 +5,7 @@ step, 40 steps)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +40,13 @@ def clean_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any],
     )
     run_dir = tmp_path_factory.mktemp("pods-clean")
     return recovery_pods.run_once(clean, PODS_CFG, run_dir, pods_data(tmp_path_factory)), run_dir
+
+
+def final_state(out: Path) -> str:
+    """The state digest of the first completed run_end in a pods run's event files."""
+    for path in sorted(out.glob("events.rank*.jsonl")):
+        for line in path.read_text().splitlines():
+            event = json.loads(line)
+            if event["ev"] == "run_end" and event.get("state_sha256"):
+                return str(event["state_sha256"])
+    raise AssertionError(f"no completed run_end with a state digest in {out}")

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from bench import recovery_pods
-from tests.trainer.launcher.pods import PODS_CFG, pods_data
+from tests.trainer.launcher.pods import PODS_CFG, final_state, pods_data
 from tools import podkill
 from trainer.events.metrics import read_events
 
@@ -58,15 +58,6 @@ def run(
         "steps": podkill.step_times(events),
         "clean_steps": podkill.step_times(read_events(clean_dir / "out")[0]),
     }
-
-
-def _final_state(out: Path) -> str:
-    for path in sorted(out.glob("events.rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            event = json.loads(line)
-            if event["ev"] == "run_end" and event.get("state_sha256"):
-                return str(event["state_sha256"])
-    raise AssertionError(f"no completed run_end with a state digest in {out}")
 
 
 def _killed(run: dict[str, Any], process: str) -> dict[str, Any]:
@@ -123,7 +114,7 @@ def test_the_run_completes_in_the_job_bitwise_equal_to_a_fault_free_run(run: dic
     assert sorted(k["process"] for k in rec["kills"]) == sorted(podkill.PROCESSES), "one of each kind"
     assert rec["unplanned_pod_restarts"] == 0, rec["pod_exits"]
     assert run["clean"]["succeeded"], run["clean"]["reason"]
-    assert _final_state(run["dir"] / "out") == _final_state(run["clean_dir"] / "out")
+    assert final_state(run["dir"] / "out") == final_state(run["clean_dir"] / "out")
 
 
 def test_a_killed_zygote_costs_no_restart_round_and_is_replaced(run: dict[str, Any]) -> None:

@@ -17,25 +17,15 @@ fault-free run of the same values:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench import recovery_pods
-from tests.trainer.launcher.pods import PODS_CFG, pods_data
+from tests.trainer.launcher.pods import PODS_CFG, final_state, pods_data
 
 pytestmark = pytest.mark.slow
-
-
-def _final_state(out: Path) -> str:
-    for path in sorted(out.glob("events.rank*.jsonl")):
-        for line in path.read_text().splitlines():
-            event = json.loads(line)
-            if event["ev"] == "run_end" and event.get("state_sha256"):
-                return str(event["state_sha256"])
-    raise AssertionError(f"no completed run_end with a state digest in {out}")
 
 
 @pytest.fixture(scope="module")
@@ -110,4 +100,4 @@ def test_losing_one_launcher_process_costs_one_restart_round_and_no_pod(runs: di
 def test_the_faulted_run_ends_bitwise_equal_to_a_fault_free_run(runs: dict[str, Any]) -> None:
     clean, clean_dir = runs["clean"]
     assert clean["succeeded"], clean["reason"]
-    assert _final_state(runs["faulted"][1] / "out") == _final_state(clean_dir / "out")
+    assert final_state(runs["faulted"][1] / "out") == final_state(clean_dir / "out")
