@@ -341,6 +341,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "loss_breakdown_s": loss_terms(summary),
         "slow_steps": summary["slow_steps"],
         "stragglers": summary.get("stragglers", []),
+        "evictions": summary.get("evictions", []),
         "guard": summary.get("guard") or {},
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
@@ -385,9 +386,11 @@ def loss_terms(summary: dict[str, Any]) -> dict[str, float]:
     fault."""
     loss = summary.get("loss_s") or {}
     out: dict[str, float] = {"startup": float(loss.get("startup", 0.0))}
-    for fault, mttr in zip(summary.get("faults") or [], loss.get("recovery") or [], strict=False):
+    # loss_s's recovery list holds one mttr_s per fault that has one (a `slow` fault has none), in order
+    stopped = [f for f in summary.get("faults") or [] if f.get("mttr_s") is not None]
+    for fault, mttr in zip(stopped, loss.get("recovery") or [], strict=False):
         out[f"recovery:{fault['type']}@{fault['step']}"] = float(mttr)
-    for name in ("recompute", "ckpt_stall", "snapshot_stall", "tail", "other"):
+    for name in ("recompute", "ckpt_stall", "snapshot_stall", "tail", "straggler", "eviction", "other"):
         out[name] = float(loss.get(name, 0.0))
     return out
 
@@ -471,7 +474,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         "MTTR and stall)",
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
         *describe_slow_steps(r["slow_steps"]),
-        *describe_stragglers(r.get("stragglers", [])),
+        *describe_stragglers(r.get("stragglers", []), r.get("evictions", []), r["loss_breakdown_s"]),
         *describe_guard(r.get("guard") or {}),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
@@ -491,15 +494,33 @@ def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
     ]
 
 
-def describe_stragglers(found: list[dict[str, Any]]) -> list[str]:
+def describe_stragglers(
+    found: list[dict[str, Any]],
+    evicted: list[dict[str, Any]] | None = None,
+    loss: dict[str, float] | None = None,
+) -> list[str]:
     """One line per straggler finding (trainer/resilience/straggler.py): the node, how much slower than its
-    peers, and what the policy did."""
+    peers, and what the policy did; then what the stragglers cost (the `straggler` and `eviction` loss
+    terms), when they cost anything."""
     done = {"evict": "evicted into the hot spare", "report": "reported"}
-    return [
+    lines = [
         f"straggler     node {f['node']} at step {f['step']}: {f['score']:.2f}x its peers' step time "
         f"({f['history']:.2f}x its own first window); {done.get(f['action'], f['action'])} ({f['reason']})"
         for f in found
     ]
+    for e in evicted or []:
+        if e.get("down_s") is not None:
+            lines.append(
+                f"              eviction at step {e['step']}: training stopped {e['down_s']:.2f} s, resumed "
+                f"from step {e['restored_step']}, {e['steps_recomputed']} step(s) recomputed"
+            )
+    waited = (loss or {}).get("straggler", 0.0)
+    if waited > 0:
+        lines.append(
+            f"              the steps waited {waited:.2f} s for a straggling node in all (the `straggler` "
+            "loss term: lost, not productive)"
+        )
+    return lines
 
 
 def handled_by(fault: dict[str, Any]) -> str:

@@ -231,7 +231,7 @@ class RunningJob(Job):
                     step = self._roll_back(step, checked, entries, loop_state) + 1
                     continue
                 loop_state.step = self.last_step = step
-                self._after_step(step, t_start, batch, checked, entries)
+                self._after_step(step, t_start, batch, checked, entries, watch.straggler_s)
                 step += 1
         finally:
             check.close()
@@ -257,9 +257,16 @@ class RunningJob(Job):
             ) from None
 
     def _after_step(
-        self, step: int, t_start: float, batch: object, checked: Checked, entries: dict[str, Any]
+        self,
+        step: int,
+        t_start: float,
+        batch: object,
+        checked: Checked,
+        entries: dict[str, Any],
+        straggler_s: float = 0.0,
     ) -> None:
-        """A step that passed: its event, then the snapshot, the beat and the save it may be due."""
+        """A step that passed: its event, then the snapshot, the beat and the save it may be due.
+        `straggler_s`: what the step waited for a straggling node (the straggler watch's)."""
         t_end = time.time()
         if self.rank == 0:
             self._events.emit(
@@ -271,6 +278,7 @@ class RunningJob(Job):
                 tokens=_tokens(batch, self.world_size)
                 if self._tokens is None
                 else self._tokens * self.world_size,
+                straggler_s=round(straggler_s, 6),
             )
         snap = self._snapshots.after_step(step, entries)
         if snap is not None:
