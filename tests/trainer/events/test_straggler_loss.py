@@ -86,7 +86,7 @@ def test_a_slow_fault_stops_nothing_and_is_detected_when_the_watch_names_its_nod
     s = summarize(_write(tmp_path, _reported_run()))
     (fault,) = s["faults"]
     assert fault["type"] == "slow" and fault["mttr_s"] is None and fault["tier"] is None
-    assert fault["detection_s"] == pytest.approx(13.0 - 5.2)  # injected at 5.2, step 6 ended at 13.0
+    assert fault["detection_s"] == pytest.approx(14.0 - 5.2)  # injected at 5.2, step 6 ended at 14.0
     assert fault["found_at_step"] == 6 and fault["recovered"]
     # no recovery window, and the step it fired in is kept whole (nothing of it was redone)
     assert s["loss_s"]["recovery"] == [] and s["loss_s"]["recompute"] == 0.0
@@ -116,7 +116,7 @@ def test_an_eviction_costs_its_downtime_and_the_steps_it_redid(tmp_path: Path) -
     assert loss["eviction"] == pytest.approx(2.5)
     assert loss["straggler"] == pytest.approx(1.0)  # step 2's; step 3's slow run was redone (recompute)
     assert loss["recompute"] == pytest.approx(2.0)
-    assert s["productive_s"] == pytest.approx(5.0 - 1.0)
+    assert s["productive_s"] == pytest.approx(6.0 - 1.0)
     named = s["productive_s"] + sum(loss["recovery"]) + sum(v for k, v in loss.items() if k != "recovery")
     assert named == pytest.approx(s["wall_s"]) and loss["other"] == pytest.approx(0.0, abs=1e-9)
 
