@@ -605,27 +605,48 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
-    out = args.out.resolve()
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run: old checkpoints would make it resume, not train
-    out.mkdir(parents=True)
+    out = fresh_dir(args.out)
     team = default_team(args.teams.resolve())
     say(f"1/4 synthesize the environment of team '{team['name']}' ({args.teams})")
     release = synthesize(args.teams.resolve(), team, out)
     values = [p.resolve() for p in args.values or [REPO / "tools/demo-values.yaml"]]
+    ok, _ = run_demo(release, values, args.sets, out, args.timeout, kills, kill_specs=args.kill)
+    say(STAND_IN_NOTE)
+    return 0 if ok else 1
+
+
+def fresh_dir(path: Path) -> Path:
+    """`path` emptied: a fresh run (old checkpoints would make it resume, not train)."""
+    out = path.resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out
+
+
+def run_demo(
+    release: dict[str, Any],
+    values: list[Path],
+    sets: list[str],
+    out: Path,
+    timeout_s: float,
+    kills: tuple[podkill.Kill, ...] = (),
+    kill_specs: list[str] | None = None,
+) -> tuple[bool, dict[str, Any]]:
+    """Steps 2-4 of the demo for one synthesized release: render with `values` and `sets`, run, report.
+    Returns whether the job succeeded with every injected fault recovered, and the report. A kill spec
+    naming a pod the rendered job does not have ends the demo (before anything runs)."""
     say("2/4 render the trainer chart with the synthesized values + " + " + ".join(map(str, values)))
-    pod = render(release, values, out, args.sets)
+    pod = render(release, values, out, sets)
     say("3/4 run the pod command locally (CPU, gloo)")
     npods = int(pod.trainer.env.get("MAX_NNODES", pod.trainer.env["NNODES"]))
     try:
-        podkill.parse_all(args.kill, pods=npods)
+        podkill.parse_all(kill_specs or [], pods=npods)
     except ValueError as exc:
-        parser.error(str(exc))
-    job_ok = run_pods(pod, out, args.timeout, kills)
+        raise SystemExit(f"demo: {exc}") from None
+    job_ok = run_pods(pod, out, timeout_s, kills)
     say("4/4 report")
     result = report(out / "fsx" / "runs", out, job_ok, int(pod.trainer.env["NPROC_PER_NODE"]))
-    faults_ok = faults_recovered(result, injects_faults(pod))
-    say(STAND_IN_NOTE)
-    return 0 if job_ok and faults_ok else 1
+    return job_ok and faults_recovered(result, injects_faults(pod)), result
 
 
 if __name__ == "__main__":
