@@ -35,7 +35,7 @@ from tools.podcommand import LOCAL_KEY_FILES
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod, with_trainer_options
 from tools.recovery_phases import describe, launcher_events, phases, warm_starts
 from tools.timeline import draw
-from trainer.events.metrics import read_events, write_summary
+from trainer.events.metrics import NOT_A_STOP, read_events, write_summary
 from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,6 +43,7 @@ VENV_BIN = Path(sys.executable).parent
 RELEASE = "trainer"
 TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
 GUARD_NAME = "numerical guard (rolled back)"
+STRAGGLER_NAME = "straggler watch (nothing stopped)"
 REPLACE_DELAY_S = 20.0
 STAND_IN_NOTE = (
     "this run used the local stand-in (tools/localjob.py plays the Job controller and the rendezvous "
@@ -362,6 +363,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
                 "restored_from": f.get("restored_from"),
                 "restored_by_source": f.get("restored_by_source", {}),
                 "restored_step": f.get("restored_step"),
+                "found_at_step": f.get("found_at_step"),
             }
             for f in summary["faults"]
         ],
@@ -527,6 +529,8 @@ def handled_by(fault: dict[str, Any]) -> str:
     """Which tier recovered a fault; a nan or spike the numerical guard rolled back has none."""
     if fault["tier"] is None and fault["type"] in ("nan", "spike"):
         return GUARD_NAME
+    if fault["type"] in NOT_A_STOP:
+        return STRAGGLER_NAME
     return TIER_NAMES.get(fault["tier"], "tier ?")
 
 

@@ -95,3 +95,26 @@ def test_main_runs_the_three_overlays_on_one_synthesis_and_exits_on_problems(
     assert "evicted: 3.6 points below fault-free" in capsys.readouterr().out
     outcome["evicted"] = _report(90.0, 0.6, ("report",))
     assert demo_straggler.main(["--out", str(tmp_path / "o")]) == 1
+
+
+def test_the_demo_report_names_the_eviction_and_the_wait_and_pairs_each_recovery_with_its_fault() -> None:
+    from tools.demo import STRAGGLER_NAME, describe_stragglers, handled_by, loss_terms
+
+    found = {"step": 7, "node": 1, "score": 2.9, "history": 1.0, "action": "evict", "reason": "a hot spare"}
+    evicted = [{"step": 7, "down_s": 1.25, "restored_step": 6, "steps_recomputed": 1}]
+    lines = describe_stragglers([found], evicted, {"straggler": 2.5})
+    assert len(lines) == 3 and "stopped 1.25 s, resumed from step 6, 1 step(s) recomputed" in lines[1]
+    assert "waited 2.50 s for a straggling node" in lines[2]
+    assert describe_stragglers([found], [], {"straggler": 0.0}) == lines[:1]
+    assert handled_by({"tier": None, "type": "slow"}) == STRAGGLER_NAME
+    # the slow fault has no recovery: the node loss after it keeps its own
+    summary = {
+        "faults": [
+            {"type": "slow", "step": 5, "mttr_s": None},
+            {"type": "node-loss", "step": 30, "mttr_s": 1.5},
+        ],
+        "loss_s": {"startup": 0.3, "recovery": [1.5], "straggler": 2.5, "eviction": 1.25, "other": 0.1},
+    }
+    terms = loss_terms(summary)
+    assert terms["recovery:node-loss@30"] == 1.5 and not any(k.startswith("recovery:slow") for k in terms)
+    assert (terms["straggler"], terms["eviction"]) == (2.5, 1.25)

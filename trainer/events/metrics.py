@@ -215,7 +215,15 @@ def _fault_report(
         tier = 1
     detected = seen[0] if seen else None
     if fault["fault"] in NOT_A_STOP:
-        return _slow_report(fault, after, stragglers or [])
+        report = _slow_report(fault, after, stragglers or [])
+        if restore_after is not None and float(restore_after["t"]) < next_fault_t:  # its node's eviction
+            t_restore, resumed = float(restore_after["t"]), int(restore_after["step"])
+            done = {int(s["step"]) for s in steps if since < float(s["t_end"]) <= t_restore}
+            report["steps_recomputed"] = sum(1 for s in done if s > resumed)
+            report["restored_step"] = resumed
+            report["restored_from"] = restore_after.get("source")
+            report["restored_by_source"] = _sources_after(every_restore or restores, t_fault, next_fault_t)
+        return report
 
     recomputed = None
     if restore_after is not None:
@@ -251,7 +259,8 @@ and an eviction's the `eviction` term), so it has no recovery time, no tier and 
 def _slow_report(
     fault: dict[str, Any], after: list[dict[str, Any]], stragglers: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    """A `slow` fault's report: detected when the straggler watch first named the node of its rank."""
+    """A `slow` fault's report: detected when the straggler watch first named the node of its rank (where
+    an eviction restored from is added by `_fault_report`)."""
     t_fault, rank = float(fault["t"]), int(fault["rank"])
     found = next(
         (e for e in stragglers if float(e["t"]) >= t_fault and rank in [int(r) for r in e.get("ranks", [])]),

@@ -351,16 +351,8 @@ class RunFold:
         t_fault = fault["t"]
         self.work.records_visited += len(self.retained)
         after = [s for s in self.retained if s.t_start >= t_fault]
-        if fault["fault"] in NOT_A_STOP:  # as trainer.events.metrics reports it: found, not recovered
-            found = next(
-                (f for f in self.stragglers if f["t"] >= t_fault and fault["rank"] in f["ranks"]), None
-            )
-            return {
-                "type": fault["fault"], "step": fault["step"], "rank": fault["rank"], "t": t_fault,
-                "tier": None, "detection_s": found["t"] - t_fault if found is not None else None,
-                "restored_step": None, "mttr_s": None, "steps_recomputed": 0,
-                "time_to_new_progress_s": None, "recovered": bool(after),
-            }  # fmt: skip
+        if fault["fault"] in NOT_A_STOP:
+            return self._slow_report(fault, after, next_fault_t, restores)
         before_last = next((s for s in reversed(self.retained) if s.t_end <= t_fault), None)
         if before_last is None and self.last_folded is not None and self.last_folded.t_end <= t_fault:
             before_last = self.last_folded
@@ -404,6 +396,30 @@ class RunFold:
             "time_to_new_progress_s": progress.t_start - t_fault if progress is not None else None,
             "recovered": bool(after),
         }
+
+    def _slow_report(
+        self,
+        fault: dict[str, Any],
+        after: list[Step],
+        next_fault_t: float,
+        restores: list[tuple[float, int, str | None]],
+    ) -> dict[str, Any]:
+        """As trainer.events.metrics reports a `slow` fault: found by the straggler watch, nothing stopped;
+        the restore of its node's eviction, if one followed (its recomputed steps from the retained hour)."""
+        t_fault = fault["t"]
+        found = next((f for f in self.stragglers if f["t"] >= t_fault and fault["rank"] in f["ranks"]), None)
+        restore = next((r for r in restores if t_fault < r[0] < next_fault_t), None)
+        recomputed = 0
+        if restore is not None:
+            since = max((r[0] for r in restores if r[0] <= t_fault), default=-math.inf)
+            done = {s.step for s in self.retained if since < s.t_end <= restore[0]}
+            recomputed = sum(1 for step in done if step > restore[1])
+        return {
+            "type": fault["fault"], "step": fault["step"], "rank": fault["rank"], "t": t_fault,
+            "tier": None, "detection_s": found["t"] - t_fault if found is not None else None,
+            "restored_step": restore[1] if restore is not None else None, "mttr_s": None,
+            "steps_recomputed": recomputed, "time_to_new_progress_s": None, "recovered": bool(after),
+        }  # fmt: skip
 
     def last_step(self) -> Step | None:
         return self.retained[-1] if self.retained else self.last_folded

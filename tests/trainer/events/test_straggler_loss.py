@@ -100,10 +100,12 @@ def test_an_eviction_costs_its_downtime_and_the_steps_it_redid(tmp_path: Path) -
         _ev("restore", 0.5, step=-1, path=None, load_s=0.0),
         _step(0, 1.0, 2.0),
         _step(1, 2.0, 3.0),
+        _ev("fault_injected", 3.1, 2, fault="slow", step=2),
         _step(2, 3.0, 5.0, straggler_s=1.0),
         _step(3, 5.0, 7.0, straggler_s=1.0),
         _straggler(7.05, 3, "evict"),
         _ev("restore", 9.0, restart=1, step=2, path=None, load_s=0.1, source="shm"),
+        _ev("restore", 9.01, 2, restart=1, step=2, path=None, load_s=0.1, source="peer"),
         _step(3, 9.5, 10.5, restart=1),
         _step(4, 10.5, 11.5, restart=1),
         _ev("run_end", 12.0, restart=1, step=4, status="completed"),
@@ -119,6 +121,17 @@ def test_an_eviction_costs_its_downtime_and_the_steps_it_redid(tmp_path: Path) -
     assert s["productive_s"] == pytest.approx(6.0 - 1.0)
     named = s["productive_s"] + sum(loss["recovery"]) + sum(v for k, v in loss.items() if k != "recovery")
     assert named == pytest.approx(s["wall_s"]) and loss["other"] == pytest.approx(0.0, abs=1e-9)
+    # The slow fault's report says where its node's eviction restored from, and what it redid.
+    (slow,) = s["faults"]
+    assert (slow["mttr_s"], slow["restored_step"], slow["steps_recomputed"]) == (None, 2, 1)
+    assert slow["restored_by_source"] == {"shm": [0], "peer": [2]}
+    assert slow["detection_s"] == pytest.approx(7.05 - 3.1) and slow["found_at_step"] == 3
+    fold = RunFold((1.0,), retain_s=float("inf"))
+    for e in sorted(events, key=lambda e: e["t"]):
+        fold.add(e)
+    fold.settle()
+    ((restored, redone),) = [(f["restored_step"], f["steps_recomputed"]) for f in fold.fault_reports()]
+    assert (restored, redone) == (2, 1) and fold.kept_productive == pytest.approx(s["productive_s"])
 
 
 def test_an_eviction_the_run_never_recovered_from_has_no_downtime(tmp_path: Path) -> None:
