@@ -143,7 +143,7 @@ class StragglerWatch:
             "straggler: node %d is %.2fx its peers over %d steps: %s (%s)",
             finding.node,
             finding.score,
-            WINDOW,
+            finding.steps,
             action,
             reason,
         )
