@@ -340,6 +340,20 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
     return summarize_events(*read_events(out_dir))
 
 
+def _fault_reports(
+    by_ev: dict[str, list[dict[str, Any]]], steps: list[dict[str, Any]], restores: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One `_fault_report` per injected fault (a lost node's reports merged), in order."""
+    faults = _merge_reports(by_ev.get("fault_injected", []), steps)
+    out = []
+    for i, fault in enumerate(faults):
+        next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf
+        detections, every_restore = by_ev.get("fault_detected", []), by_ev.get("restore", [])
+        stragglers = by_ev.get("straggler", [])
+        out.append(_fault_report(fault, next_t, steps, detections, restores, every_restore, stragglers))
+    return out
+
+
 def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, Any]:
     """summarize() of events already read (sorted by time, as read_events returns them)."""
     by_ev: dict[str, list[dict[str, Any]]] = {}
@@ -367,21 +381,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
     failed = [e for e in by_ev.get("ckpt_failed", []) if int(e["rank"]) == 0]
 
     restores = [e for e in by_ev.get("restore", []) if int(e["rank"]) == 0] or by_ev.get("restore", [])
-    faults = _merge_reports(by_ev.get("fault_injected", []), steps)
-    fault_reports = []
-    for i, fault in enumerate(faults):
-        next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf
-        fault_reports.append(
-            _fault_report(
-                fault,
-                next_t,
-                steps,
-                by_ev.get("fault_detected", []),
-                restores,
-                by_ev.get("restore", []),
-                by_ev.get("straggler", []),
-            )
-        )
+    fault_reports = _fault_reports(by_ev, steps, restores)
 
     ends = [e for e in by_ev.get("run_end", []) if int(e["rank"]) == 0]
     evicted = evictions(by_ev.get("straggler", []), steps, restores)
@@ -568,20 +568,10 @@ def loss_breakdown(
             if first_start <= t - b and t <= last_end + 1e-3 and not any(a <= t - b < z for a, z in windows)
         )
 
-    kept_ids = {id(s) for s in kept}
-    redone = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in steps if id(s) not in kept_ids)
-    for f in faults:
-        if f["type"] in NOT_A_STOP:
-            continue
-        t_fault = float(f["t"])
-        ended = [float(s["t_end"]) for s in steps if float(s["t_end"]) <= t_fault]
-        started = [float(s["t_start"]) for s in steps if float(s["t_start"]) <= t_fault]
-        if ended and started and max(started) > max(ended):  # a step was in flight at the fault
-            redone += t_fault - max(started)
     terms: dict[str, Any] = {
         "startup": first_start - t0,
         "recovery": [float(f["mttr_s"]) for f in faults if f.get("mttr_s") is not None],
-        "recompute": redone,
+        "recompute": _redone(steps, kept, faults),
         "ckpt_stall": blocked("ckpt_save"),
         "snapshot_stall": blocked("snapshot"),
         "tail": t_last - last_end,
@@ -592,6 +582,22 @@ def loss_breakdown(
     named = math.fsum([productive, *terms["recovery"], *(v for k, v in terms.items() if k != "recovery")])
     terms["other"] = (t_last - t0) - named
     return terms
+
+
+def _redone(steps: list[dict[str, Any]], kept: list[dict[str, Any]], faults: list[dict[str, Any]]) -> float:
+    """The recompute term: executions not kept, and the part of the step in flight at each fault that
+    stopped training which ran before the fault."""
+    kept_ids = {id(s) for s in kept}
+    redone = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in steps if id(s) not in kept_ids)
+    for f in faults:
+        if f["type"] in NOT_A_STOP:
+            continue
+        t_fault = float(f["t"])
+        ended = [float(s["t_end"]) for s in steps if float(s["t_end"]) <= t_fault]
+        started = [float(s["t_start"]) for s in steps if float(s["t_start"]) <= t_fault]
+        if ended and started and max(started) > max(ended):  # a step was in flight at the fault
+            redone += t_fault - max(started)
+    return redone
 
 
 def guard_stats(rollbacks: list[dict[str, Any]], suspects: list[dict[str, Any]]) -> dict[str, Any]:
