@@ -29,7 +29,7 @@ from trainer.resilience.guard import Guard, Windows
 from trainer.runtime.faults import corrupt_checkpoint
 from trainer.runtime.preflight import job_config
 from trainer.runtime.step_check import Checked, StepCheck
-from trainer.runtime.straggler_watch import StragglerWatch, slots
+from trainer.runtime.straggler_watch import EVICT_FLUSH_S, StragglerWatch, slots
 
 if TYPE_CHECKING:
     from trainer.config.train_config import TrainConfig
@@ -232,6 +232,7 @@ class RunningJob(Job):
                     continue
                 loop_state.step = self.last_step = step
                 self._after_step(step, t_start, batch, checked, entries, watch.straggler_s)
+                watch.after_step(self._flush_replica)
                 step += 1
         finally:
             check.close()
@@ -343,6 +344,12 @@ class RunningJob(Job):
         store = self._snapshots.store
         if store is not None:
             store.damage_newest()
+
+    def _flush_replica(self) -> None:
+        """Wait (bounded) until this rank's newest snapshot reached its peer: a straggler's eviction."""
+        peers = self._snapshots.peers
+        if peers is not None and not peers.flush(EVICT_FLUSH_S):
+            log.warning("straggler: the newest snapshot's replica was not sent in %.0f s", EVICT_FLUSH_S)
 
     def _keeps_replica_of(self, owner: int) -> bool:
         peers = self._snapshots.peers

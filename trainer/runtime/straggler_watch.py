@@ -17,8 +17,10 @@ a node that scored past the threshold asks in a background thread while the step
 at most `SPARE_FRESH_S` old, or asks then.
 
 On a finding, every rank reports the node suspect (trainer/resilience/suspect.py: the `node_suspect`
-event and metric the numerical guard's suspects share, and the handlers registered there); local rank 0
-of the straggling node (alone: one `straggler` event per finding) asks whether a hot spare stands by
+event and metric the numerical guard's suspects share, and the handlers registered there). Under the
+evict policy the straggling node's ranks wait until the step is kept and its snapshot's replica reached
+their ring neighbour (`after_step`), so the spare resumes from that step and nothing is recomputed; then
+local rank 0 of the node (alone: one `straggler` event per finding) asks whether a hot spare stands by
 (trainer/resilience/liveness.py `spare_standing_by`), applies the policy (`decide`) and, to evict,
 records the eviction and asks its pod's supervisor to leave (SIGUSR1: trainer/launcher/supervise.py ends
 ft_launcher and its workers and exits `EVICTED_EXIT`). The peers then see a node loss and recover as from
@@ -52,6 +54,9 @@ log = logging.getLogger(__name__)
 
 EVICT_WAIT_S = 60.0
 """How long an evicting rank waits for its supervisor to end it before it raises instead."""
+EVICT_FLUSH_S = 10.0
+"""How long a straggling node's rank waits for its step's snapshot to reach its peer before its pod leaves
+(longer: it leaves anyway, and the spare resumes from the snapshot before)."""
 SPARE_FRESH_S = 5.0
 """The oldest answer of the background spare probe an eviction takes (older: it asks again, and waits)."""
 
@@ -84,6 +89,7 @@ class StragglerWatch:
         self.straggler_s = 0.0
         """This step's wait for a straggling node (the scorer's excess): the step event's `straggler_s`."""
         self.probe = SpareProbe(_spare_standing_by)
+        self._found: Finding | None = None
 
     def arrive(self, step: int, t_start: float) -> None:
         """This rank reached the step's collective: fill its slots (after a `slow` fault's delay)."""
@@ -119,6 +125,20 @@ class StragglerWatch:
             self.events,
             rank=self.proc.rank,
         )
+        if self.policy == "evict" and self.proc.rank in finding.ranks:
+            self._found = finding  # acted on after this step's snapshot: `after_step`
+        elif self.proc.rank == finding.ranks[0]:
+            self._act(finding)
+
+    def after_step(self, flush: Callable[[], object]) -> None:
+        """After the step's snapshot (the loop calls it once the step is kept): the ranks of a node found
+        this step under the evict policy `flush` (wait until their snapshot's replica reached their ring
+        neighbour, so the spare resumes from this step, nothing recomputed), then the node's first rank
+        acts. Its peers took this step's snapshot already and wait in the next step's collective."""
+        finding, self._found = self._found, None
+        if finding is None:
+            return
+        flush()
         if self.proc.rank == finding.ranks[0]:
             self._act(finding)
 

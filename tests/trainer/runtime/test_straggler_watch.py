@@ -88,6 +88,7 @@ def test_evict_without_a_launcher_store_reports_no_spare(
         watch.buffer.zero_()
         watch.buffer[0:2] = torch.tensor([0.1, 0.3])
         watch.reduced(step, 0.0)
+        watch.after_step(lambda: None)
     ((_, fields),) = watch.events.emitted  # type: ignore[attr-defined]
     assert (fields["action"], fields["reason"]) == ("report", "no hot spare stands by")
     assert last_eviction(tmp_path / "straggler" / "evictions.jsonl") is None
@@ -160,6 +161,32 @@ def test_only_the_evicting_nodes_first_rank_probes_and_only_with_the_evict_polic
             watch.buffer[0:2] = torch.tensor([0.1, 0.3])
             watch.reduced(step, 0.0)
     assert started == [1]  # rank 1 is node 1, past the threshold, under the evict policy
+
+
+def test_under_evict_the_straggling_nodes_ranks_act_after_the_steps_replica_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 = ranks 2, 3: both flush their snapshot's replica once the step is kept; rank 2 alone then
+    decides and writes the straggler event. Node 0's ranks neither flush nor act."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("TRAINER_LIVENESS_STORE", raising=False)
+    cfg = SimpleNamespace(run=SimpleNamespace(straggler_policy="evict", out_dir=tmp_path))
+    log: list[tuple[int, str]] = []
+    watches = []
+    for rank in range(4):
+        proc = SimpleNamespace(rank=rank, world_size=4)
+        watches.append(StragglerWatch(cfg, proc, _Events(), _Faults(), torch.zeros(slots(4))))  # type: ignore[arg-type]
+    for step in range(WARMUP + FAST_STEPS):
+        for w in watches:
+            w.buffer.zero_()
+            w.buffer[0:4] = torch.tensor([0.1, 0.1, 0.3, 0.3])
+            w.reduced(step, 0.0)
+            stragglers = [ev for ev, _ in w.events.emitted if ev == "straggler"]  # type: ignore[attr-defined]
+            assert stragglers == []  # nothing acted on before the step is kept
+            w.after_step(lambda r=w.proc.rank: log.append((r, "flush")))
+            if any(ev == "straggler" for ev, _ in w.events.emitted):  # type: ignore[attr-defined]
+                log.append((w.proc.rank, "act"))
+    assert log == [(2, "flush"), (2, "act"), (3, "flush")]
 
 
 def test_the_last_eviction_is_read_from_the_run_record(tmp_path: Path) -> None:
