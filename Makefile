@@ -25,7 +25,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export MPLBACKEND := Agg
 
 .DEFAULT_GOAL := help
-.PHONY: help setup controlplane prometheus synth test test-fast soak lint chart-gen demo demo-cluster demo-compare bench bench-quick smoke-render cluster-smoke clean
+.PHONY: help setup controlplane prometheus synth test test-fast soak lint chart-gen demo demo-cluster demo-compare demo-straggler bench bench-quick smoke-render cluster-smoke clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -125,6 +125,9 @@ demo-cluster: setup controlplane ## The demo's run as a Job of the installed cha
 
 demo-compare: setup controlplane ## The stand-in demo and the real-control-plane demo in one run, their figures side by side
 	$(PY) -m tools.demo_cluster --teams $(TEAMS) --compare
+
+demo-straggler: setup ## The demo with a straggler, three runs side by side: fault-free, evicted into the hot spare, only reported (~4 min)
+	$(PY) -m tools.demo_straggler --teams $(TEAMS)
 
 bench: setup ## Benchmarks: recovery, node loss, checkpoint stall, snapshots, synth, scale, planner (~55 min on 2 cores); results in bench/results/
 	$(PY) -m bench

@@ -182,8 +182,8 @@ SCENARIOS: dict[str, PodsScenario] = {
             "kill-monitors",
             inprocess=False,
         ),
-        # Found after WARMUP + WINDOW steps of the attempt (trainer/resilience/straggler.py), evicted
-        # with the spare standing by; the rest of the run at full speed.
+        # Found after FAST_STEPS slow steps (3x is past the fast rule's 2x: trainer/resilience/straggler.py),
+        # evicted with the spare standing by; the rest of the run at full speed.
         PodsScenario("straggler/evict", 2, 1, 1, ("slow:step=3:node=1:factor=3",), snapshots=True, steps=40),
         PodsScenario(
             "kills/each-process",

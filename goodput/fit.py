@@ -154,15 +154,22 @@ def predict_from_summary(
     """Predict a run's efficiency from its measured parameters and compare with what it measured.
 
     ``path`` is the run's summary.json; the event files next to it give the checkpoint interval and
-    the start-up and tail times, which the steady-state model does not cover. ``predicted_efficiency``
+    the start-up and tail times, which the steady-state model does not cover, nor the summary's
+    ``straggler`` and ``eviction`` loss terms (added to them). ``predicted_efficiency``
     adds those measured fixed costs to the model's wall time (``productive / model_efficiency``);
     ``model_efficiency`` is the steady-state figure alone.
     """
     path = Path(path)
     summary = json.loads(path.read_text())
     extra = run_overheads(path.parent)
+    # A straggler's wait and its eviction are measured one-off costs the model does not cover either
+    # (goodput/straggler.py plans them at scale): fixed costs of this run, like its start-up.
+    loss = summary.get("loss_s") or {}
+    for term in ("straggler", "eviction"):
+        if loss.get(term):
+            extra[f"{term}_s"] = float(loss[term])
     steps_interval = ckpt_interval_steps or extra.get("ckpt_interval_steps")
-    fixed = float(extra.get("startup_s", 0.0)) + float(extra.get("tail_s", 0.0))
+    fixed = sum(float(extra.get(k, 0.0)) for k in ("startup_s", "tail_s", "straggler_s", "eviction_s"))
     plan = plan_from_summary(summary, interval_s, steps_interval, fixed)
     out = evaluate(plan)
     productive = float(summary["productive_s"])
@@ -173,7 +180,9 @@ def predict_from_summary(
         "model_efficiency": out.efficiency,
         "measured_efficiency": measured,
         "difference_pp": None if measured is None else 100.0 * (predicted - float(measured)),
-        "fixed_overheads_s": {k: extra[k] for k in ("startup_s", "tail_s") if k in extra},
+        "fixed_overheads_s": {
+            k: extra[k] for k in ("startup_s", "tail_s", "straggler_s", "eviction_s") if k in extra
+        },
         "faults": len(incidents(summary.get("faults") or [])),
         "plan": plan_dict(plan),
         "lost": out.lost(),

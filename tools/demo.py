@@ -35,7 +35,7 @@ from tools.podcommand import LOCAL_KEY_FILES
 from tools.podspec import Container, PodTemplate, load_manifests, trainer_pod, with_trainer_options
 from tools.recovery_phases import describe, launcher_events, phases, warm_starts
 from tools.timeline import draw
-from trainer.events.metrics import read_events, write_summary
+from trainer.events.metrics import NOT_A_STOP, read_events, write_summary
 from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,6 +43,7 @@ VENV_BIN = Path(sys.executable).parent
 RELEASE = "trainer"
 TIER_NAMES = {1: "tier 1 (in-process restart)", 2: "tier 2 (ft_launcher restart)"}
 GUARD_NAME = "numerical guard (rolled back)"
+STRAGGLER_NAME = "straggler watch (nothing stopped)"
 REPLACE_DELAY_S = 20.0
 STAND_IN_NOTE = (
     "this run used the local stand-in (tools/localjob.py plays the Job controller and the rendezvous "
@@ -341,6 +342,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
         "loss_breakdown_s": loss_terms(summary),
         "slow_steps": summary["slow_steps"],
         "stragglers": summary.get("stragglers", []),
+        "evictions": summary.get("evictions", []),
         "guard": summary.get("guard") or {},
         "checkpoint": {
             "saves": summary["ckpt"]["saves"],
@@ -361,6 +363,7 @@ def report(run_dir: Path, out: Path, job_ok: bool, nproc: int = 1) -> dict[str, 
                 "restored_from": f.get("restored_from"),
                 "restored_by_source": f.get("restored_by_source", {}),
                 "restored_step": f.get("restored_step"),
+                "found_at_step": f.get("found_at_step"),
             }
             for f in summary["faults"]
         ],
@@ -385,9 +388,11 @@ def loss_terms(summary: dict[str, Any]) -> dict[str, float]:
     fault."""
     loss = summary.get("loss_s") or {}
     out: dict[str, float] = {"startup": float(loss.get("startup", 0.0))}
-    for fault, mttr in zip(summary.get("faults") or [], loss.get("recovery") or [], strict=False):
+    # loss_s's recovery list holds one mttr_s per fault that has one (a `slow` fault has none), in order
+    stopped = [f for f in summary.get("faults") or [] if f.get("mttr_s") is not None]
+    for fault, mttr in zip(stopped, loss.get("recovery") or [], strict=False):
         out[f"recovery:{fault['type']}@{fault['step']}"] = float(mttr)
-    for name in ("recompute", "ckpt_stall", "snapshot_stall", "tail", "other"):
+    for name in ("recompute", "ckpt_stall", "snapshot_stall", "tail", "straggler", "eviction", "other"):
         out[name] = float(loss.get(name, 0.0))
     return out
 
@@ -471,7 +476,7 @@ def print_report(r: dict[str, Any], out: Path) -> None:
         "MTTR and stall)",
         "lost          " + describe_loss(r["loss_breakdown_s"], r["wall_s"]),
         *describe_slow_steps(r["slow_steps"]),
-        *describe_stragglers(r.get("stragglers", [])),
+        *describe_stragglers(r.get("stragglers", []), r.get("evictions", []), r["loss_breakdown_s"]),
         *describe_guard(r.get("guard") or {}),
         f"written       {out / 'report.json'}, {out / 'timeline.png'}",
         "=" * 72,
@@ -491,21 +496,41 @@ def describe_slow_steps(slow: dict[str, Any]) -> list[str]:
     ]
 
 
-def describe_stragglers(found: list[dict[str, Any]]) -> list[str]:
+def describe_stragglers(
+    found: list[dict[str, Any]],
+    evicted: list[dict[str, Any]] | None = None,
+    loss: dict[str, float] | None = None,
+) -> list[str]:
     """One line per straggler finding (trainer/resilience/straggler.py): the node, how much slower than its
-    peers, and what the policy did."""
+    peers, and what the policy did; then what the stragglers cost (the `straggler` and `eviction` loss
+    terms), when they cost anything."""
     done = {"evict": "evicted into the hot spare", "report": "reported"}
-    return [
+    lines = [
         f"straggler     node {f['node']} at step {f['step']}: {f['score']:.2f}x its peers' step time "
         f"({f['history']:.2f}x its own first window); {done.get(f['action'], f['action'])} ({f['reason']})"
         for f in found
     ]
+    for e in evicted or []:
+        if e.get("down_s") is not None:
+            lines.append(
+                f"              eviction at step {e['step']}: training stopped {e['down_s']:.2f} s, resumed "
+                f"from step {e['restored_step']}, {e['steps_recomputed']} step(s) recomputed"
+            )
+    waited = (loss or {}).get("straggler", 0.0)
+    if waited > 0:
+        lines.append(
+            f"              the steps waited {waited:.2f} s for a straggling node in all (the `straggler` "
+            "loss term: lost, not productive)"
+        )
+    return lines
 
 
 def handled_by(fault: dict[str, Any]) -> str:
     """Which tier recovered a fault; a nan or spike the numerical guard rolled back has none."""
     if fault["tier"] is None and fault["type"] in ("nan", "spike"):
         return GUARD_NAME
+    if fault["type"] in NOT_A_STOP:
+        return STRAGGLER_NAME
     return TIER_NAMES.get(fault["tier"], "tier ?")
 
 
@@ -584,27 +609,48 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
 
-    out = args.out.resolve()
-    shutil.rmtree(out, ignore_errors=True)  # a fresh run: old checkpoints would make it resume, not train
-    out.mkdir(parents=True)
+    out = fresh_dir(args.out)
     team = default_team(args.teams.resolve())
     say(f"1/4 synthesize the environment of team '{team['name']}' ({args.teams})")
     release = synthesize(args.teams.resolve(), team, out)
     values = [p.resolve() for p in args.values or [REPO / "tools/demo-values.yaml"]]
+    ok, _ = run_demo(release, values, args.sets, out, args.timeout, kills, kill_specs=args.kill)
+    say(STAND_IN_NOTE)
+    return 0 if ok else 1
+
+
+def fresh_dir(path: Path) -> Path:
+    """`path` emptied: a fresh run (old checkpoints would make it resume, not train)."""
+    out = path.resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    return out
+
+
+def run_demo(
+    release: dict[str, Any],
+    values: list[Path],
+    sets: list[str],
+    out: Path,
+    timeout_s: float,
+    kills: tuple[podkill.Kill, ...] = (),
+    kill_specs: list[str] | None = None,
+) -> tuple[bool, dict[str, Any]]:
+    """Steps 2-4 of the demo for one synthesized release: render with `values` and `sets`, run, report.
+    Returns whether the job succeeded with every injected fault recovered, and the report. A kill spec
+    naming a pod the rendered job does not have ends the demo (before anything runs)."""
     say("2/4 render the trainer chart with the synthesized values + " + " + ".join(map(str, values)))
-    pod = render(release, values, out, args.sets)
+    pod = render(release, values, out, sets)
     say("3/4 run the pod command locally (CPU, gloo)")
     npods = int(pod.trainer.env.get("MAX_NNODES", pod.trainer.env["NNODES"]))
     try:
-        podkill.parse_all(args.kill, pods=npods)
+        podkill.parse_all(kill_specs or [], pods=npods)
     except ValueError as exc:
-        parser.error(str(exc))
-    job_ok = run_pods(pod, out, args.timeout, kills)
+        raise SystemExit(f"demo: {exc}") from None
+    job_ok = run_pods(pod, out, timeout_s, kills)
     say("4/4 report")
     result = report(out / "fsx" / "runs", out, job_ok, int(pod.trainer.env["NPROC_PER_NODE"]))
-    faults_ok = faults_recovered(result, injects_faults(pod))
-    say(STAND_IN_NOTE)
-    return 0 if job_ok and faults_ok else 1
+    return job_ok and faults_recovered(result, injects_faults(pod)), result
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ def draw(out_dir: Path, summary: dict[str, Any], png: Path) -> Path:
     wall = float(summary.get("wall_s") or 0.0)
     if loss and wall > 0:  # the same terms as summary.json's loss_s and the report
         parts = [("startup", loss.get("startup", 0.0)), ("recovery", sum(loss.get("recovery") or []))]
-        terms = ("recompute", "ckpt_stall", "snapshot_stall", "tail", "other")
+        terms = ("recompute", "ckpt_stall", "snapshot_stall", "tail", "straggler", "eviction", "other")
         parts += [(k, loss.get(k, 0.0)) for k in terms]
         text = "lost: " + ", ".join(f"{k} {100 * v / wall:.1f}%" for k, v in parts)
         ax.text(0, 3.55, text, fontsize=7.5, color="#333333", va="bottom")

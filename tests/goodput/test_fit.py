@@ -124,3 +124,16 @@ def test_a_node_loss_reported_by_each_rank_is_one_incident():
     ]
     plan = goodput.plan_from_summary(_summary(faults), ckpt_interval_steps=10)
     assert {t.name: round(t.share, 3) for t in plan.tiers} == {"tier1": 0.6, "tier2": 0.4}
+
+
+def test_predict_from_summary_counts_a_stragglers_wait_and_eviction_as_fixed_costs(tmp_path):
+    summary = _summary([], 0.7) | {"loss_s": {"straggler": 6.0, "eviction": 1.5, "startup": 2.0}}
+    result = goodput.predict_from_summary(_write_run(tmp_path, summary))
+    assert result["fixed_overheads_s"] == {
+        "startup_s": 2.0,
+        "tail_s": 3.0,
+        "straggler_s": 6.0,
+        "eviction_s": 1.5,
+    }
+    model = result["model_efficiency"]
+    assert result["predicted_efficiency"] == pytest.approx(100.0 / (100.0 / model + 12.5))

@@ -193,6 +193,7 @@ def _fault_report(
     detections: list[dict[str, Any]],
     restores: list[dict[str, Any]],
     every_restore: list[dict[str, Any]] | None = None,
+    stragglers: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     t_fault = float(fault["t"])
     after = [s for s in steps if float(s["t_start"]) >= t_fault]
@@ -213,6 +214,16 @@ def _fault_report(
     elif tier is None and after and before and int(after[0]["iteration"]) > int(before[-1]["iteration"]):
         tier = 1
     detected = seen[0] if seen else None
+    if fault["fault"] in NOT_A_STOP:
+        report = _slow_report(fault, after, stragglers or [])
+        if restore_after is not None and float(restore_after["t"]) < next_fault_t:  # its node's eviction
+            t_restore, resumed = float(restore_after["t"]), int(restore_after["step"])
+            done = {int(s["step"]) for s in steps if since < float(s["t_end"]) <= t_restore}
+            report["steps_recomputed"] = sum(1 for s in done if s > resumed)
+            report["restored_step"] = resumed
+            report["restored_from"] = restore_after.get("source")
+            report["restored_by_source"] = _sources_after(every_restore or restores, t_fault, next_fault_t)
+        return report
 
     recomputed = None
     if restore_after is not None:
@@ -236,6 +247,41 @@ def _fault_report(
         "mttr_s": float(after[0]["t_start"]) - t_fault if after else None,
         "steps_recomputed": recomputed,
         "time_to_new_progress_s": float(progress["t_start"]) - t_fault if progress is not None else None,
+        "recovered": bool(after),
+    }
+
+
+NOT_A_STOP = ("slow",)
+"""Injected faults that stop nothing: a slow rank keeps training (its cost is the `straggler` loss term,
+and an eviction's the `eviction` term), so it has no recovery time, no tier and no step in flight."""
+
+
+def _slow_report(
+    fault: dict[str, Any], after: list[dict[str, Any]], stragglers: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A `slow` fault's report: detected when the straggler watch first named the node of its rank (where
+    an eviction restored from is added by `_fault_report`)."""
+    t_fault, rank = float(fault["t"]), int(fault["rank"])
+    found = next(
+        (e for e in stragglers if float(e["t"]) >= t_fault and rank in [int(r) for r in e.get("ranks", [])]),
+        None,
+    )
+    return {
+        "type": fault["fault"],
+        "step": fault["step"],
+        "rank": fault["rank"],
+        "ranks": fault.get("ranks", [fault["rank"]]),
+        "t": t_fault,
+        "tier": None,
+        "detection_s": float(found["t"]) - t_fault if found is not None else None,
+        "detection_reason": f"straggler at step {found['step']}: {found['action']}" if found else None,
+        "found_at_step": int(found["step"]) if found is not None else None,
+        "restored_step": None,
+        "restored_from": None,
+        "restored_by_source": {},
+        "mttr_s": None,
+        "steps_recomputed": 0,
+        "time_to_new_progress_s": None,
         "recovered": bool(after),
     }
 
@@ -278,7 +324,8 @@ def _merge_reports(injected: list[dict[str, Any]], steps: list[dict[str, Any]]) 
 def summarize(out_dir: str | Path) -> dict[str, Any]:
     """Merge the run's event files into goodput figures (the content of summary.json).
 
-    - productive_s: the summed duration of the last execution of every step number (work that was kept);
+    - productive_s: the summed duration of the last execution of every step number (work that was kept),
+      less what those steps waited for a straggling node (their `straggler_s`: the `straggler` loss term);
     - wall_s: first event to last event of any rank;
     - training_efficiency: productive_s / wall_s;
     - checkpoint stall per save: the largest blocked_s over ranks of each save (ranks wait for each other);
@@ -293,6 +340,20 @@ def summarize(out_dir: str | Path) -> dict[str, Any]:
     return summarize_events(*read_events(out_dir))
 
 
+def _fault_reports(
+    by_ev: dict[str, list[dict[str, Any]]], steps: list[dict[str, Any]], restores: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One `_fault_report` per injected fault (a lost node's reports merged), in order."""
+    faults = _merge_reports(by_ev.get("fault_injected", []), steps)
+    out = []
+    for i, fault in enumerate(faults):
+        next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf
+        detections, every_restore = by_ev.get("fault_detected", []), by_ev.get("restore", [])
+        stragglers = by_ev.get("straggler", [])
+        out.append(_fault_report(fault, next_t, steps, detections, restores, every_restore, stragglers))
+    return out
+
+
 def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, Any]:
     """summarize() of events already read (sorted by time, as read_events returns them)."""
     by_ev: dict[str, list[dict[str, Any]]] = {}
@@ -303,7 +364,8 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
 
     wall_s = float(events[-1]["t"]) - float(events[0]["t"]) if events else 0.0
     durations = [float(s["t_end"]) - float(s["t_start"]) for s in kept]
-    productive_s = math.fsum(durations)
+    # A kept step's wait for a straggling node is lost time, not productive (trainer/resilience/straggler.py)
+    productive_s = math.fsum(durations) - math.fsum(straggler_wait(s) for s in kept)
 
     saves: dict[tuple[int, int, int], dict[str, Any]] = {}
     for e in by_ev.get("ckpt_save", []):
@@ -319,18 +381,11 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
     failed = [e for e in by_ev.get("ckpt_failed", []) if int(e["rank"]) == 0]
 
     restores = [e for e in by_ev.get("restore", []) if int(e["rank"]) == 0] or by_ev.get("restore", [])
-    faults = _merge_reports(by_ev.get("fault_injected", []), steps)
-    fault_reports = []
-    for i, fault in enumerate(faults):
-        next_t = float(faults[i + 1]["t"]) if i + 1 < len(faults) else math.inf
-        fault_reports.append(
-            _fault_report(
-                fault, next_t, steps, by_ev.get("fault_detected", []), restores, by_ev.get("restore", [])
-            )
-        )
+    fault_reports = _fault_reports(by_ev, steps, restores)
 
     ends = [e for e in by_ev.get("run_end", []) if int(e["rank"]) == 0]
-    loss = loss_breakdown(events, steps, kept, fault_reports)
+    evicted = evictions(by_ev.get("straggler", []), steps, restores)
+    loss = loss_breakdown(events, steps, kept, fault_reports, evicted)
     return {
         "status": ends[-1]["status"] if ends else "unknown",
         "final_step": int(kept[-1]["step"]) if kept else None,
@@ -342,7 +397,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "productive_s": productive_s,
         "training_efficiency": productive_s / wall_s if wall_s > 0 else None,
         "step_s": _stats(durations),
-        "slow_steps": slow_steps(kept, durations),
+        "slow_steps": slow_steps(kept, [d - straggler_wait(s) for s, d in zip(kept, durations, strict=True)]),
         "ckpt": {
             "saves": len(per_save),
             "stall_s": _stats(s["blocked_s"] for s in per_save),
@@ -361,6 +416,7 @@ def summarize_events(events: list[dict[str, Any]], bad: int = 0) -> dict[str, An
         "restore_skipped": restore_skipped(by_ev.get("restore_skipped", [])),
         "faults": fault_reports,
         "stragglers": [straggler_line(e) for e in by_ev.get("straggler", [])],
+        "evictions": evicted,
         "loss_s": loss,
         "guard": guard_stats(by_ev.get("guard_rollback", []), by_ev.get("node_suspect", [])),
         "process_starts": len({(e["rank"], e["pid"]) for e in by_ev.get("run_start", [])}),
@@ -380,12 +436,51 @@ def straggler_line(e: dict[str, Any]) -> dict[str, Any]:
     """A `straggler` event as the summary and the live metrics keep it."""
     return {
         "step": int(e["step"]),
+        "t": float(e["t"]),
         "node": int(e["node"]),
+        "ranks": [int(r) for r in e.get("ranks", [])],
         "score": float(e["score"]),
         "history": float(e["history"]),
         "action": str(e["action"]),
         "reason": str(e["reason"]),
     }
+
+
+def straggler_wait(step: dict[str, Any]) -> float:
+    """What a step event says it waited for a straggling node (`straggler_s`, within the step's duration;
+    0 in logs written before the field)."""
+    duration = float(step["t_end"]) - float(step["t_start"])
+    return min(max(float(step.get("straggler_s") or 0.0), 0.0), max(duration, 0.0))
+
+
+def evictions(
+    stragglers: list[dict[str, Any]], steps: list[dict[str, Any]], restores: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each straggler evicted (a `straggler` event with action evict) and what its eviction cost: the
+    training stopped from the last step that ended before the restore that followed it to the first step
+    after that restore (`down_s`), and the steps done before it and redone after (`steps_recomputed`).
+    No restore after it (the run ended first): `down_s` None."""
+    out: list[dict[str, Any]] = []
+    for e in stragglers:
+        if e.get("action") != "evict":
+            continue
+        t = float(e["t"])
+        restore = next((r for r in restores if float(r["t"]) >= t), None)
+        entry: dict[str, Any] = {"step": int(e["step"]), "node": int(e["node"]), "t": t}
+        entry.update(t_down=None, down_s=None, steps_recomputed=None, restored_step=None)
+        if restore is not None:
+            t_restore = float(restore["t"])
+            prior = [float(r["t"]) for r in restores if float(r["t"]) < t_restore]
+            since = max(prior, default=-math.inf)
+            before = [s for s in steps if since < float(s["t_end"]) <= t_restore]
+            resumed = next((s for s in steps if float(s["t_start"]) >= t_restore), None)
+            if before and resumed is not None:
+                entry["t_down"] = max(float(s["t_end"]) for s in before)
+                entry["down_s"] = float(resumed["t_start"]) - entry["t_down"]
+            entry["restored_step"] = int(restore["step"])
+            entry["steps_recomputed"] = sum(1 for s in before if int(s["step"]) > int(restore["step"]))
+        out.append(entry)
+    return out
 
 
 SLOW_STEP_FACTOR = 2.0
@@ -419,15 +514,21 @@ def loss_breakdown(
     steps: list[dict[str, Any]],
     kept: list[dict[str, Any]],
     faults: list[dict[str, Any]],
+    evicted: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Where the wall time that is not productive went, term by term (seconds): the gap to 100 %.
 
     wall_s = productive_s + startup + sum(recovery) + recompute + ckpt_stall + snapshot_stall + tail
-    + other, each measured from the events:
+    + straggler + eviction + other, each measured from the events:
     - startup: first event -> start of the first step (rank 0);
-    - recovery (one per fault): its mttr_s, fault -> first step after it;
+    - recovery (one per fault that stopped training): its mttr_s, fault -> first step after it (a `slow`
+      fault stops nothing: NOT_A_STOP);
     - recompute: executions of steps that were redone (not kept), and the part of the step in flight
       at each fault that ran before the fault;
+    - straggler: the kept steps' wait for a straggling node (their `straggler_s`: the slowest node's
+      compute beyond the other nodes' median, in the steps where it was past the straggler threshold):
+      time the job ran at a straggler's pace, which productive_s leaves out;
+    - eviction: each evicted straggler's `down_s` (`evictions`): its pod left, the spare took its place;
     - ckpt_stall / snapshot_stall: rank 0's blocked time per save / snapshot (the slowest rank's when
       rank 0 did not report it), of those between the first and the last step and outside recovery
       windows (the final save after the last step is the tail's). Rank 0's, not the slowest rank's: the
@@ -446,6 +547,7 @@ def loss_breakdown(
     windows = [
         (float(f["t"]), float(f["t"]) + float(f["mttr_s"])) for f in faults if f.get("mttr_s") is not None
     ]
+    windows += [(v["t_down"], v["t_down"] + v["down_s"]) for v in evicted or [] if v["down_s"] is not None]
 
     def blocked(kind: str) -> float:
         """Sum over saves (or snapshots) of rank 0's blocked time (else the slowest rank's), those inside
@@ -466,26 +568,36 @@ def loss_breakdown(
             if first_start <= t - b and t <= last_end + 1e-3 and not any(a <= t - b < z for a, z in windows)
         )
 
+    terms: dict[str, Any] = {
+        "startup": first_start - t0,
+        "recovery": [float(f["mttr_s"]) for f in faults if f.get("mttr_s") is not None],
+        "recompute": _redone(steps, kept, faults),
+        "ckpt_stall": blocked("ckpt_save"),
+        "snapshot_stall": blocked("snapshot"),
+        "tail": t_last - last_end,
+        "straggler": math.fsum(straggler_wait(s) for s in kept),
+        "eviction": math.fsum(float(v["down_s"]) for v in evicted or [] if v["down_s"] is not None),
+    }
+    productive = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in kept) - terms["straggler"]
+    named = math.fsum([productive, *terms["recovery"], *(v for k, v in terms.items() if k != "recovery")])
+    terms["other"] = (t_last - t0) - named
+    return terms
+
+
+def _redone(steps: list[dict[str, Any]], kept: list[dict[str, Any]], faults: list[dict[str, Any]]) -> float:
+    """The recompute term: executions not kept, and the part of the step in flight at each fault that
+    stopped training which ran before the fault."""
     kept_ids = {id(s) for s in kept}
     redone = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in steps if id(s) not in kept_ids)
     for f in faults:
+        if f["type"] in NOT_A_STOP:
+            continue
         t_fault = float(f["t"])
         ended = [float(s["t_end"]) for s in steps if float(s["t_end"]) <= t_fault]
         started = [float(s["t_start"]) for s in steps if float(s["t_start"]) <= t_fault]
         if ended and started and max(started) > max(ended):  # a step was in flight at the fault
             redone += t_fault - max(started)
-    terms: dict[str, Any] = {
-        "startup": first_start - t0,
-        "recovery": [float(f["mttr_s"]) for f in faults if f.get("mttr_s") is not None],
-        "recompute": redone,
-        "ckpt_stall": blocked("ckpt_save"),
-        "snapshot_stall": blocked("snapshot"),
-        "tail": t_last - last_end,
-    }
-    productive = math.fsum(float(s["t_end"]) - float(s["t_start"]) for s in kept)
-    named = math.fsum([productive, *terms["recovery"], *(v for k, v in terms.items() if k != "recovery")])
-    terms["other"] = (t_last - t0) - named
-    return terms
+    return redone
 
 
 def guard_stats(rollbacks: list[dict[str, Any]], suspects: list[dict[str, Any]]) -> dict[str, Any]:

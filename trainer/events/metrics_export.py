@@ -193,7 +193,9 @@ def fold_families(fold: RunFold, now: float) -> Iterator[Metric]:
         goodput,
     )
     yield GaugeMetricFamily(
-        "trainer_productive_seconds", "Summed duration of the steps whose results were kept", value=productive
+        "trainer_productive_seconds",
+        "Summed duration of the steps whose results were kept, less their wait for a straggling node",
+        value=productive,
     )
     wall = wall_done if completed or first_t is None else now - first_t
     yield GaugeMetricFamily("trainer_wall_seconds", "Wall time since the run's first event", value=wall)

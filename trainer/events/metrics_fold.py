@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from trainer.events.metrics import NOT_A_STOP, straggler_wait
+
 RETAIN_S = 3600.0  # rank-0 steps kept in full: the last hour (the window of trainer_goodput_last_hour_ratio)
 
 
@@ -45,6 +47,11 @@ class Step(NamedTuple):
     pid: int
     iteration: int
     segment: int  # rank 0's restores before it: steps of one segment ran without a restore between
+    lost: float = 0.0  # its wait for a straggling node (trainer.events.metrics.straggler_wait)
+
+    @property
+    def productive(self) -> float:
+        return self.t_end - self.t_start - self.lost
 
 
 class IntervalSet:
@@ -232,12 +239,12 @@ class RunFold:
     def _add_step(self, e: dict[str, Any]) -> None:
         s = Step(
             int(e["step"]), float(e["t_start"]), float(e["t_end"]), float(e["loss"]), int(e["tokens"]),
-            int(e["pid"]), int(e["iteration"]), len(self.restores0),
+            int(e["pid"]), int(e["iteration"]), len(self.restores0), straggler_wait(e),
         )  # fmt: skip
         self.steps_executed += 1
         old = self.kept.get(s.step)
         if old is not None:
-            self.kept_productive -= old.t_end - old.t_start
+            self.kept_productive -= old.productive
             self.kept_tokens -= old.tokens
             self.kept_count -= 1
         elif s.step in self.pending:
@@ -248,7 +255,7 @@ class RunFold:
         elif s.step in self.folded:
             self._rebuild_needed = True  # its earlier execution left the window: re-read rank 0's file
         self.kept[s.step] = s
-        self.kept_productive += s.t_end - s.t_start
+        self.kept_productive += s.productive
         self.kept_tokens += s.tokens
         self.kept_count += 1
         self.retained.append(s)
@@ -271,7 +278,7 @@ class RunFold:
             if self.kept.get(s.step) is s:
                 del self.kept[s.step]
                 if s.segment < segment and s.step > resumed:  # rolled back over: it will be redone
-                    self.pending[s.step] = (s.t_end - s.t_start, s.tokens)
+                    self.pending[s.step] = (s.productive, s.tokens)
                 else:  # its result stands: only a later rollback redoes it (then a rebuild)
                     self.folded.add(s.step)
             # every execution, kept or redone later: a fault's "steps done since the last restore"
@@ -344,6 +351,8 @@ class RunFold:
         t_fault = fault["t"]
         self.work.records_visited += len(self.retained)
         after = [s for s in self.retained if s.t_start >= t_fault]
+        if fault["fault"] in NOT_A_STOP:
+            return self._slow_report(fault, after, next_fault_t, restores)
         before_last = next((s for s in reversed(self.retained) if s.t_end <= t_fault), None)
         if before_last is None and self.last_folded is not None and self.last_folded.t_end <= t_fault:
             before_last = self.last_folded
@@ -387,6 +396,30 @@ class RunFold:
             "time_to_new_progress_s": progress.t_start - t_fault if progress is not None else None,
             "recovered": bool(after),
         }
+
+    def _slow_report(
+        self,
+        fault: dict[str, Any],
+        after: list[Step],
+        next_fault_t: float,
+        restores: list[tuple[float, int, str | None]],
+    ) -> dict[str, Any]:
+        """As trainer.events.metrics reports a `slow` fault: found by the straggler watch, nothing stopped;
+        the restore of its node's eviction, if one followed (its recomputed steps from the retained hour)."""
+        t_fault = fault["t"]
+        found = next((f for f in self.stragglers if f["t"] >= t_fault and fault["rank"] in f["ranks"]), None)
+        restore = next((r for r in restores if t_fault < r[0] < next_fault_t), None)
+        recomputed = 0
+        if restore is not None:
+            since = max((r[0] for r in restores if r[0] <= t_fault), default=-math.inf)
+            done = {s.step for s in self.retained if since < s.t_end <= restore[0]}
+            recomputed = sum(1 for step in done if step > restore[1])
+        return {
+            "type": fault["fault"], "step": fault["step"], "rank": fault["rank"], "t": t_fault,
+            "tier": None, "detection_s": found["t"] - t_fault if found is not None else None,
+            "restored_step": restore[1] if restore is not None else None, "mttr_s": None,
+            "steps_recomputed": recomputed, "time_to_new_progress_s": None, "recovered": bool(after),
+        }  # fmt: skip
 
     def last_step(self) -> Step | None:
         return self.retained[-1] if self.retained else self.last_folded

@@ -17,9 +17,18 @@ Scores, per node (a node's compute is its slowest rank's):
   reported with a finding, so an operator sees whether the node got slower or was always slow.
 
 A node is a straggler when the median of its peer scores over the last `WINDOW` steps is at least
-`THRESHOLD` (one slow step, a GC pause or a save, does not count). At most one node is reported per
-step (the highest score, lowest node on ties), so every rank names the same one, and a node is reported
-again only after another full window.
+`THRESHOLD` (one slow step, a GC pause or a save, does not count), or, sooner, when each of its last
+`FAST_STEPS` consecutive scores is at least `FAST_THRESHOLD`: a node plainly twice as slow as its peers
+step after step is found after three steps instead of a window's eight (every slow step it stays costs
+the whole job that step's excess), while noise stays under the window's rule (a single slow step breaks
+the run). At most one node is reported per step (the highest score, lowest node on ties), so every rank
+names the same one, and a node is reported again only after another full window.
+
+Each step's **excess** (`StragglerScorer.excess_s`) is what that step waited for a straggling node: the
+slowest node's compute beyond the other nodes' median when its peer score is at least `THRESHOLD`, else 0.
+Rank 0 writes it in the step's event (`straggler_s`), and the run's summary counts it as lost, not
+productive (trainer/events/metrics.py `loss_breakdown`): a straggler that is only reported costs the job
+its pace, and the efficiency says so.
 
 What the policy does with a finding is `decide` (pure; trainer/runtime/job.py acts on it): report only,
 or evict when the policy is `evict`, a hot spare stands by, and no eviction happened within a window.
@@ -47,6 +56,11 @@ THRESHOLD = 1.5
 healthy nodes (a few percent on GPUs, 10-20 % on 2 loaded CPU cores), well below a throttled GPU's 2x."""
 WINDOW = 8
 """Steps a score must stay past the threshold; also the least distance between two evictions."""
+FAST_STEPS = 3
+"""Consecutive scored steps, each at least FAST_THRESHOLD, that make a straggler before a full window."""
+FAST_THRESHOLD = 2.0
+"""The per-step peer score of the fast rule: a throttled GPU's 2x and more, above what noise reaches in a
+row (the window's rule, at THRESHOLD, finds the milder stragglers)."""
 WARMUP = 2
 """Steps of each attempt left out: the first steps build caches, plans and the snapshot's save dict."""
 EVICTED_EXIT = 95
@@ -69,6 +83,8 @@ class Finding:
     """The node's median compute per step over the window."""
     peer_wait_s: float
     """The other nodes' median wait in the step's collective over the window: what the node costs them."""
+    steps: int = WINDOW
+    """The scored steps the finding stands on: WINDOW (the window's median) or FAST_STEPS (the fast rule)."""
 
 
 def node_of(rank: int, ranks_per_node: int) -> int:
@@ -90,9 +106,12 @@ class StragglerScorer:
         threshold: float = THRESHOLD,
         window: int = WINDOW,
         warmup: int = WARMUP,
+        fast_steps: int = FAST_STEPS,
+        fast_threshold: float = FAST_THRESHOLD,
     ) -> None:
         self.world_size, self.ranks_per_node = world_size, ranks_per_node
         self.threshold, self.window, self.warmup = threshold, window, warmup
+        self.fast_steps, self.fast_threshold = min(fast_steps, window), fast_threshold
         self.nodes = max(1, world_size // ranks_per_node)
         shape = (window, self.nodes)
         self._scores = torch.zeros(shape, dtype=torch.float64)
@@ -101,13 +120,19 @@ class StragglerScorer:
         self._baseline: torch.Tensor | None = None
         self._filled = 0  # steps scored, up to the window
         self._seen = 0
+        self._slot = -1  # the ring buffer's newest row
         self._last_report = torch.full((self.nodes,), -(10**9), dtype=torch.int64)
+        self.excess_s = 0.0
+        """The last step's wait for a straggling node (module docstring); 0 in the warm-up."""
+        self.last_scores: torch.Tensor | None = None
+        """The last scored step's peer score per node (None in the warm-up)."""
 
     def add(
         self, step: int, compute: Sequence[float] | torch.Tensor, wait: Sequence[float] | torch.Tensor
     ) -> Finding | None:
         """One step's compute and wait per rank (seconds); the straggler it completes, if any."""
         self._seen += 1
+        self.excess_s = 0.0
         if self._seen <= self.warmup or self.nodes < 2:
             return None
         used = self.nodes * self.ranks_per_node
@@ -116,34 +141,62 @@ class StragglerScorer:
         waits = torch.as_tensor(wait, dtype=torch.float64)[:used].view(self.nodes, self.ranks_per_node)
         others = medians_without_each(per_node)
         score = torch.where(others > 0, per_node / others.clamp_min(1e-12), torch.ones_like(per_node))
-        slot = (self._seen - self.warmup - 1) % self.window
-        self._scores[slot], self._compute[slot], self._waits[slot] = score, per_node, waits.amin(dim=1)
+        top = int(torch.argmax(score))
+        if float(score[top]) >= self.threshold:
+            self.excess_s = max(0.0, float(per_node[top] - others[top]))
+        self.last_scores = score
+        self._slot = (self._seen - self.warmup - 1) % self.window
+        self._scores[self._slot], self._compute[self._slot] = score, per_node
+        self._waits[self._slot] = waits.amin(dim=1)
         self._filled = min(self._filled + 1, self.window)
-        if self._filled < self.window:
-            return None
-        if self._baseline is None:
+        if self._filled == self.window and self._baseline is None:
             self._baseline = _median(self._compute)
-        return self._finding(step)
+        due = step - self._last_report >= self.window
+        if self._filled == self.window:
+            found = self._window_finding(step, due)
+            if found is not None:
+                return found
+        return self._fast_finding(step, due)
 
-    def _finding(self, step: int) -> Finding | None:
+    def _window_finding(self, step: int, due: torch.Tensor) -> Finding | None:
         # The window's median can reach the threshold only with half its scores past it: the median of
         # thousands of healthy nodes is never computed.
         over = (self._scores >= self.threshold).sum(dim=0) >= self.window // 2
-        due = step - self._last_report >= self.window
         candidates = torch.nonzero(over & due).flatten()
         if candidates.numel() == 0:
             return None
         medians = _median(self._scores[:, candidates])
         best = int(torch.argmax(medians))  # the first of equal maxima: the lowest node
-        score = float(medians[best])
-        if score < self.threshold:
+        if float(medians[best]) < self.threshold:
             return None
-        node = int(candidates[best])
+        return self._report(step, int(candidates[best]), float(medians[best]), self._rows(self.window))
+
+    def _fast_finding(self, step: int, due: torch.Tensor) -> Finding | None:
+        """Each of the last `fast_steps` scores of a node at least `fast_threshold` (none before that many
+        steps were scored)."""
+        if self._filled < self.fast_steps:
+            return None
+        rows = self._rows(self.fast_steps)
+        recent = self._scores[rows]
+        candidates = torch.nonzero((recent >= self.fast_threshold).all(dim=0) & due).flatten()
+        if candidates.numel() == 0:
+            return None
+        medians = _median(recent[:, candidates])
+        best = int(torch.argmax(medians))
+        return self._report(step, int(candidates[best]), float(medians[best]), rows)
+
+    def _rows(self, n: int) -> torch.Tensor:
+        """The ring buffer's rows of the last `n` scored steps."""
+        return torch.remainder(self._slot - torch.arange(n), self.window)
+
+    def _report(self, step: int, node: int, score: float, rows: torch.Tensor) -> Finding:
         self._last_report[node] = step
-        compute = float(_median(self._compute[:, node : node + 1])[0])
-        assert self._baseline is not None
-        baseline = float(self._baseline[node])
-        peer_waits = torch.cat([_median(self._waits[:, :node]), _median(self._waits[:, node + 1 :])])
+        compute = float(_median(self._compute[rows, node : node + 1])[0])
+        # Before a full window the baseline is the node's median over the steps scored so far.
+        base = self._baseline if self._baseline is not None else _median(self._compute[: self._filled])
+        baseline = float(base[node])
+        waits = self._waits[rows]
+        peer_waits = torch.cat([_median(waits[:, :node]), _median(waits[:, node + 1 :])])
         first = node * self.ranks_per_node
         return Finding(
             step=step,
@@ -153,6 +206,7 @@ class StragglerScorer:
             history=round(compute / baseline, 3) if baseline > 0 else 1.0,
             compute_s=round(compute, 6),
             peer_wait_s=round(float(_median(peer_waits[:, None])[0]), 6),
+            steps=int(rows.numel()),
         )
 
 

@@ -29,7 +29,7 @@ from trainer.resilience.guard import Guard, Windows
 from trainer.runtime.faults import corrupt_checkpoint
 from trainer.runtime.preflight import job_config
 from trainer.runtime.step_check import Checked, StepCheck
-from trainer.runtime.straggler_watch import StragglerWatch, slots
+from trainer.runtime.straggler_watch import EVICT_FLUSH_S, StragglerWatch, slots
 
 if TYPE_CHECKING:
     from trainer.config.train_config import TrainConfig
@@ -231,7 +231,8 @@ class RunningJob(Job):
                     step = self._roll_back(step, checked, entries, loop_state) + 1
                     continue
                 loop_state.step = self.last_step = step
-                self._after_step(step, t_start, batch, checked, entries)
+                self._after_step(step, t_start, batch, checked, entries, watch.straggler_s)
+                watch.after_step(self._flush_replica)
                 step += 1
         finally:
             check.close()
@@ -257,9 +258,16 @@ class RunningJob(Job):
             ) from None
 
     def _after_step(
-        self, step: int, t_start: float, batch: object, checked: Checked, entries: dict[str, Any]
+        self,
+        step: int,
+        t_start: float,
+        batch: object,
+        checked: Checked,
+        entries: dict[str, Any],
+        straggler_s: float = 0.0,
     ) -> None:
-        """A step that passed: its event, then the snapshot, the beat and the save it may be due."""
+        """A step that passed: its event, then the snapshot, the beat and the save it may be due.
+        `straggler_s`: what the step waited for a straggling node (the straggler watch's)."""
         t_end = time.time()
         if self.rank == 0:
             self._events.emit(
@@ -271,6 +279,7 @@ class RunningJob(Job):
                 tokens=_tokens(batch, self.world_size)
                 if self._tokens is None
                 else self._tokens * self.world_size,
+                straggler_s=round(straggler_s, 6),
             )
         snap = self._snapshots.after_step(step, entries)
         if snap is not None:
@@ -335,6 +344,12 @@ class RunningJob(Job):
         store = self._snapshots.store
         if store is not None:
             store.damage_newest()
+
+    def _flush_replica(self) -> None:
+        """Wait (bounded) until this rank's newest snapshot reached its peer: a straggler's eviction."""
+        peers = self._snapshots.peers
+        if peers is not None and not peers.flush(EVICT_FLUSH_S):
+            log.warning("straggler: the newest snapshot's replica was not sent in %.0f s", EVICT_FLUSH_S)
 
     def _keeps_replica_of(self, owner: int) -> bool:
         peers = self._snapshots.peers

@@ -7,9 +7,20 @@ this step and one per rank for its wait in the previous step's collective (`slot
 its own slots (the SUM of a vector where each slot has one writer is exact in any order), so every rank
 reads the same figures, finds the same straggler at the same step, and no collective is added.
 
+Every step, `straggler_s` is the scorer's excess (what the step waited for a straggling node); rank 0
+writes it in the step's event, and the summary counts it as lost time.
+
+The eviction needs to know that a hot spare stands by, and asking takes `spare_standing_by`'s 1.5 s (a
+standby counter must be seen to change) while every peer waits in the next collective. So local rank 0 of
+a node that scored past the threshold asks in a background thread while the steps go on
+(`SpareProbe`), again after each answer while the node stays past it; at the finding it takes an answer
+at most `SPARE_FRESH_S` old, or asks then.
+
 On a finding, every rank reports the node suspect (trainer/resilience/suspect.py: the `node_suspect`
-event and metric the numerical guard's suspects share, and the handlers registered there); local rank 0
-of the straggling node (alone: one `straggler` event per finding) asks whether a hot spare stands by
+event and metric the numerical guard's suspects share, and the handlers registered there). Under the
+evict policy the straggling node's ranks wait until the step is kept and its snapshot's replica reached
+their ring neighbour (`after_step`), so the spare resumes from that step and nothing is recomputed; then
+local rank 0 of the node (alone: one `straggler` event per finding) asks whether a hot spare stands by
 (trainer/resilience/liveness.py `spare_standing_by`), applies the policy (`decide`) and, to evict,
 records the eviction and asks its pod's supervisor to leave (SIGUSR1: trainer/launcher/supervise.py ends
 ft_launcher and its workers and exits `EVICTED_EXIT`). The peers then see a node loss and recover as from
@@ -22,7 +33,9 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +54,11 @@ log = logging.getLogger(__name__)
 
 EVICT_WAIT_S = 60.0
 """How long an evicting rank waits for its supervisor to end it before it raises instead."""
+EVICT_FLUSH_S = 10.0
+"""How long a straggling node's rank waits for its step's snapshot to reach its peer before its pod leaves
+(longer: it leaves anyway, and the spare resumes from the snapshot before)."""
+SPARE_FRESH_S = 5.0
+"""The oldest answer of the background spare probe an eviction takes (older: it asks again, and waits)."""
 
 
 def slots(world_size: int) -> int:
@@ -68,6 +86,10 @@ class StragglerWatch:
         self.buffer = buffer
         self.evictions = cfg.run.out_dir / "straggler" / "evictions.jsonl"
         self._wait = 0.0
+        self.straggler_s = 0.0
+        """This step's wait for a straggling node (the scorer's excess): the step event's `straggler_s`."""
+        self.probe = SpareProbe(_spare_standing_by)
+        self._found: Finding | None = None
 
     def arrive(self, step: int, t_start: float) -> None:
         """This rank reached the step's collective: fill its slots (after a `slow` fault's delay)."""
@@ -89,22 +111,48 @@ class StragglerWatch:
         world = self.proc.world_size
         figures = self.buffer.to("cpu", torch.float64)
         finding = self.scorer.add(step, figures[:world], figures[world:])
+        self.straggler_s = self.scorer.excess_s
+        self._probe_if_suspect()
         if finding is None:
             return
         why = (
-            f"{finding.score:.2f}x its peers' compute over {WINDOW} steps "
-            f"(threshold {THRESHOLD}x, ranks {list(finding.ranks)})"
+            f"{finding.score:.2f}x its peers' compute over {finding.steps} steps "
+            f"(threshold {THRESHOLD}x over {WINDOW} or {self.scorer.fast_threshold}x in each of "
+            f"{self.scorer.fast_steps}, ranks {list(finding.ranks)})"
         )
         suspect.report(
             suspect.SuspectNode(finding.node, tuple(finding.ranks), "straggler", why, finding.step),
             self.events,
             rank=self.proc.rank,
         )
+        if self.policy == "evict" and self.proc.rank in finding.ranks:
+            self._found = finding  # acted on after this step's snapshot: `after_step`
+        elif self.proc.rank == finding.ranks[0]:
+            self._act(finding)
+
+    def after_step(self, flush: Callable[[], object]) -> None:
+        """After the step's snapshot (the loop calls it once the step is kept): the ranks of a node found
+        this step under the evict policy `flush` (wait until their snapshot's replica reached their ring
+        neighbour, so the spare resumes from this step, nothing recomputed), then the node's first rank
+        acts. Its peers took this step's snapshot already and wait in the next step's collective."""
+        finding, self._found = self._found, None
+        if finding is None:
+            return
+        flush()
         if self.proc.rank == finding.ranks[0]:
             self._act(finding)
 
+    def _probe_if_suspect(self) -> None:
+        """Local rank 0 of a node past the threshold this step asks for a spare in the background."""
+        scores = self.scorer.last_scores
+        if self.policy != "evict" or scores is None or self.proc.rank % self.ranks_per_node:
+            return
+        node = self.proc.rank // self.ranks_per_node
+        if node < scores.numel() and float(scores[node]) >= THRESHOLD:
+            self.probe.start()
+
     def _act(self, finding: Finding) -> None:
-        spare = self.policy == "evict" and _spare_standing_by()
+        spare = self.policy == "evict" and self.probe.answer(SPARE_FRESH_S)
         action, reason = decide(
             self.policy,
             spare_standing_by=spare,
@@ -115,7 +163,7 @@ class StragglerWatch:
             "straggler: node %d is %.2fx its peers over %d steps: %s (%s)",
             finding.node,
             finding.score,
-            WINDOW,
+            finding.steps,
             action,
             reason,
         )
@@ -129,7 +177,7 @@ class StragglerWatch:
             compute_s=finding.compute_s,
             peer_wait_s=finding.peer_wait_s,
             threshold=THRESHOLD,
-            window=WINDOW,
+            window=finding.steps,
             policy=self.policy,
             action=action,
             reason=reason,
@@ -148,6 +196,36 @@ class StragglerWatch:
             os.kill(int(supervisor), signal.SIGUSR1)
             time.sleep(EVICT_WAIT_S)  # the supervisor ends this process with its pod
         raise RuntimeError(f"straggler eviction of node {finding.node}: the pod's supervisor did not end it")
+
+
+class SpareProbe:
+    """`ask` (whether a hot spare stands by; slow) run in a background thread, one at a time."""
+
+    def __init__(self, ask: Callable[[], bool], clock: Callable[[], float] = time.monotonic) -> None:
+        self.ask, self.clock = ask, clock
+        self._thread: threading.Thread | None = None
+        self._answer: tuple[float, bool] | None = None  # (when it was answered, the answer)
+
+    def start(self) -> None:
+        """Ask in the background, unless a question is already out."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._run, name="spare-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        answer = self.ask()
+        self._answer = (self.clock(), answer)
+
+    def answer(self, fresh_s: float) -> bool:
+        """An answer at most `fresh_s` old: the question out (waited for), or a new one asked now."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._answer is not None and self.clock() - self._answer[0] <= fresh_s:
+            return self._answer[1]
+        self._run()
+        assert self._answer is not None
+        return self._answer[1]
 
 
 def _spare_standing_by() -> bool:

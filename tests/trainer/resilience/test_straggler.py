@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trainer.resilience.straggler import (
+    FAST_STEPS,
+    FAST_THRESHOLD,
     THRESHOLD,
     WARMUP,
     WINDOW,
@@ -26,7 +28,7 @@ def _run(scorer: StragglerScorer, compute_at: object, steps: int = STEPS) -> lis
     return found
 
 
-def test_a_node_three_times_slower_than_its_peers_is_found_once_a_window_holds_it() -> None:
+def test_a_node_three_times_slower_than_its_peers_is_found_after_a_few_steps() -> None:
     scorer = StragglerScorer(world_size=8, ranks_per_node=2)
 
     def compute(step: int) -> list[float]:
@@ -35,20 +37,46 @@ def test_a_node_three_times_slower_than_its_peers_is_found_once_a_window_holds_i
             times[5] = 0.3  # rank 5: node 2
         return times
 
-    found = _run(scorer, compute)
+    found = _run(scorer, compute, steps=WARMUP + WINDOW)
     assert [f.node for f in found] == [2]
     (finding,) = found
     assert finding.ranks == (4, 5)
     assert finding.score == pytest.approx(3.0)
-    # Reported as soon as the window is full past the warm-up, never before.
-    assert finding.step == WARMUP + WINDOW - 1
+    # Past FAST_THRESHOLD in each of FAST_STEPS scored steps after the warm-up: no full window needed.
+    assert finding.step == WARMUP + FAST_STEPS - 1 and finding.steps == FAST_STEPS
+
+
+def test_a_mild_straggler_waits_for_the_windows_rule() -> None:
+    # 1.8x: past THRESHOLD, under FAST_THRESHOLD: found once a full window's median holds it, never before.
+    assert THRESHOLD < 1.8 < FAST_THRESHOLD
+    scorer = StragglerScorer(world_size=4, ranks_per_node=1)
+    (finding,) = _run(scorer, lambda step: [0.1, 0.1, 0.1, 0.18], steps=WARMUP + WINDOW + 1)
+    assert finding.step == WARMUP + WINDOW - 1 and finding.steps == WINDOW
+    assert finding.score == pytest.approx(1.8)
+
+
+def test_slow_steps_that_are_not_consecutive_wait_for_the_window() -> None:
+    # Two slow steps in every three (3x): never FAST_STEPS in a row, so nothing before the window is full.
+    scorer = StragglerScorer(world_size=2, ranks_per_node=1)
+    found = _run(scorer, lambda step: [0.1, 0.1 if step % 3 == 0 else 0.3], steps=WARMUP + WINDOW + 4)
+    assert found and found[0].step >= WARMUP + WINDOW - 1 and found[0].steps == WINDOW
+
+
+def test_each_steps_excess_is_its_wait_for_a_node_past_the_threshold() -> None:
+    scorer = StragglerScorer(world_size=3, ranks_per_node=1)
+    excess = []
+    for step, compute in enumerate([[0.1, 0.1, 0.3]] * WARMUP + [[0.1, 0.12, 0.3], [0.1, 0.1, 0.14]]):
+        scorer.add(step, compute, [0.0] * 3)
+        excess.append(scorer.excess_s)
+    # nothing in the warm-up; 0.3 over the others' median 0.11; 1.4x is under the threshold: noise
+    assert excess == [0.0] * WARMUP + [pytest.approx(0.19), 0.0]
 
 
 def test_with_two_nodes_the_slow_one_scores_its_whole_factor() -> None:
     # Against the median of all nodes, (1 + 3) / 2 = 2 would halve the signal; the other nodes' median
     # gives the slow node 3 and the fast one 1/3.
     scorer = StragglerScorer(world_size=2, ranks_per_node=1)
-    found = _run(scorer, lambda step: [0.1, 0.3])
+    found = _run(scorer, lambda step: [0.1, 0.3], steps=WARMUP + WINDOW)
     assert [(f.node, f.score) for f in found] == [(1, pytest.approx(3.0))]
 
 
@@ -61,7 +89,7 @@ def test_a_uniform_slowdown_is_not_a_straggler() -> None:
 
 def test_a_node_slow_from_the_start_is_found_and_its_history_says_it_always_was() -> None:
     scorer = StragglerScorer(world_size=3, ranks_per_node=1)
-    (finding,) = _run(scorer, lambda step: [0.1, 0.1, 0.25])
+    (finding,) = _run(scorer, lambda step: [0.1, 0.1, 0.25], steps=WARMUP + WINDOW)
     assert finding.node == 2 and finding.history == pytest.approx(1.0)
 
 
@@ -69,11 +97,22 @@ def test_the_history_says_how_much_slower_the_node_got() -> None:
     scorer = StragglerScorer(world_size=3, ranks_per_node=1)
     start = WARMUP + WINDOW  # the baseline is the first full window
     found = _run(scorer, lambda step: [0.1, 0.1, 0.1 if step < start else 0.4], steps=start + 2 * WINDOW)
-    # Found once the window's median turned (half the window slow), reported again a window later, when
-    # the whole window is.
-    assert [f.node for f in found] == [2, 2]
-    assert THRESHOLD < found[0].history < 4.0
-    assert found[1].history == pytest.approx(4.0)
+    # Found after FAST_STEPS slow steps, reported again a window later.
+    assert [(f.node, f.step) for f in found] == [
+        (2, start + FAST_STEPS - 1),
+        (2, start + FAST_STEPS - 1 + WINDOW),
+    ]
+    assert [f.history for f in found] == [pytest.approx(4.0), pytest.approx(4.0)]
+
+
+def test_the_history_of_a_mild_straggler_mixes_its_window() -> None:
+    # At 1.8x only the window's median finds it: with half the window slow the median is (1 + 1.8) / 2,
+    # under the threshold; with one more slow step, 1.8.
+    scorer = StragglerScorer(world_size=3, ranks_per_node=1)
+    start = WARMUP + WINDOW
+    found = _run(scorer, lambda step: [0.1, 0.1, 0.1 if step < start else 0.18], steps=start + WINDOW)
+    assert [(f.node, f.step) for f in found] == [(2, start + WINDOW // 2)]
+    assert found[0].history == pytest.approx(1.8)
 
 
 def test_single_slow_steps_are_noise_not_a_straggler() -> None:
@@ -94,10 +133,11 @@ def test_a_persistent_straggler_is_reported_again_only_after_another_window() ->
     assert steps == [steps[0], steps[0] + WINDOW, steps[0] + 2 * WINDOW]
 
 
-def test_one_node_is_reported_per_step_the_slowest() -> None:
+def test_one_node_is_reported_per_step_the_slowest_first() -> None:
     scorer = StragglerScorer(world_size=4, ranks_per_node=1)
     found = _run(scorer, lambda step: [0.1, 0.3, 0.1, 0.5], steps=WARMUP + WINDOW)
-    assert [f.node for f in found] == [3]
+    first = WARMUP + FAST_STEPS - 1
+    assert [(f.step, f.node) for f in found] == [(first, 3), (first + 1, 1)]
 
 
 def test_one_node_has_no_peers_and_no_score() -> None:

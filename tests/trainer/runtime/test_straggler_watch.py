@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.resilience.straggler import WARMUP, WINDOW
-from trainer.runtime.straggler_watch import StragglerWatch, last_eviction, slots
+from trainer.resilience.straggler import FAST_STEPS, WARMUP, WINDOW
+from trainer.runtime.straggler_watch import SpareProbe, StragglerWatch, last_eviction, slots
 
 
 class _Events:
@@ -73,7 +73,7 @@ def test_a_finding_is_reported_once_as_a_straggler_and_once_as_a_suspect_node(tm
     # rank 0 writes the shared suspect-node record; the straggling node's first rank the straggler event
     ((ev, suspect),) = watches[0].events.emitted  # type: ignore[attr-defined]
     assert ev == "node_suspect" and suspect["source"] == "straggler"
-    assert (suspect["node"], suspect["ranks"], suspect["step"]) == (1, [1], WARMUP + WINDOW - 1)
+    assert (suspect["node"], suspect["ranks"], suspect["step"]) == (1, [1], WARMUP + FAST_STEPS - 1)
     ((ev, fields),) = watches[1].events.emitted  # type: ignore[attr-defined]
     assert ev == "straggler" and fields["node"] == 1 and fields["action"] == "report"
     assert fields["reason"] == "policy is report" and fields["score"] == pytest.approx(3.0)
@@ -88,9 +88,105 @@ def test_evict_without_a_launcher_store_reports_no_spare(
         watch.buffer.zero_()
         watch.buffer[0:2] = torch.tensor([0.1, 0.3])
         watch.reduced(step, 0.0)
+        watch.after_step(lambda: None)
     ((_, fields),) = watch.events.emitted  # type: ignore[attr-defined]
     assert (fields["action"], fields["reason"]) == ("report", "no hot spare stands by")
     assert last_eviction(tmp_path / "straggler" / "evictions.jsonl") is None
+
+
+def test_each_step_carries_its_wait_for_the_straggler(tmp_path: Path) -> None:
+    watch = _watch(tmp_path, 0)
+    waits = []
+    for step in range(WARMUP + 1):
+        watch.buffer.zero_()
+        watch.buffer[0:2] = torch.tensor([0.1, 0.3])
+        watch.reduced(step, 0.0)
+        waits.append(watch.straggler_s)
+    assert waits == [0.0] * WARMUP + [pytest.approx(0.2)]  # what the step event's straggler_s says
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_spare_probe_answers_from_the_background_while_it_is_fresh() -> None:
+    asked: list[float] = []
+    clock = _Clock()
+
+    def ask() -> bool:
+        asked.append(clock.now)
+        return True
+
+    probe = SpareProbe(ask, clock)
+    probe.start()
+    assert probe.answer(5.0) is True and asked == [0.0]  # waited for the question out, asked no more
+    clock.now = 4.0
+    assert probe.answer(5.0) is True and asked == [0.0]
+    clock.now = 9.0  # stale: asked again, in the caller's thread
+    assert probe.answer(5.0) is True and asked == [0.0, 9.0]
+
+
+def test_the_spare_probe_asks_one_question_at_a_time() -> None:
+    import threading
+
+    release = threading.Event()
+    calls: list[int] = []
+
+    def ask() -> bool:
+        calls.append(1)
+        release.wait(5.0)
+        return False
+
+    probe = SpareProbe(ask)
+    probe.start()
+    probe.start()  # one is out: no second
+    release.set()
+    assert probe.answer(60.0) is False and len(calls) == 1
+
+
+def test_only_the_evicting_nodes_first_rank_probes_and_only_with_the_evict_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRAINER_LIVENESS_STORE", raising=False)
+    started: list[int] = []
+    for rank, policy in ((0, "evict"), (1, "report"), (1, "evict")):
+        watch = _watch(tmp_path, rank, policy=policy)
+        monkeypatch.setattr(watch.probe, "start", lambda r=rank: started.append(r))
+        for step in range(WARMUP + 1):
+            watch.buffer.zero_()
+            watch.buffer[0:2] = torch.tensor([0.1, 0.3])
+            watch.reduced(step, 0.0)
+    assert started == [1]  # rank 1 is node 1, past the threshold, under the evict policy
+
+
+def test_under_evict_the_straggling_nodes_ranks_act_after_the_steps_replica_is_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 = ranks 2, 3: both flush their snapshot's replica once the step is kept; rank 2 alone then
+    decides and writes the straggler event. Node 0's ranks neither flush nor act."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("TRAINER_LIVENESS_STORE", raising=False)
+    cfg = SimpleNamespace(run=SimpleNamespace(straggler_policy="evict", out_dir=tmp_path))
+    log: list[tuple[int, str]] = []
+    watches = []
+    for rank in range(4):
+        proc = SimpleNamespace(rank=rank, world_size=4)
+        watches.append(StragglerWatch(cfg, proc, _Events(), _Faults(), torch.zeros(slots(4))))  # type: ignore[arg-type]
+    for step in range(WARMUP + FAST_STEPS):
+        for w in watches:
+            w.buffer.zero_()
+            w.buffer[0:4] = torch.tensor([0.1, 0.1, 0.3, 0.3])
+            w.reduced(step, 0.0)
+            stragglers = [ev for ev, _ in w.events.emitted if ev == "straggler"]  # type: ignore[attr-defined]
+            assert stragglers == []  # nothing acted on before the step is kept
+            w.after_step(lambda r=w.proc.rank: log.append((r, "flush")))
+            if any(ev == "straggler" for ev, _ in w.events.emitted):  # type: ignore[attr-defined]
+                log.append((w.proc.rank, "act"))
+    assert log == [(2, "flush"), (2, "act"), (3, "flush")]
 
 
 def test_the_last_eviction_is_read_from_the_run_record(tmp_path: Path) -> None:
