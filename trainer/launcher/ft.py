@@ -11,7 +11,9 @@ launcher patches of trainer/launcher/patches.py:
   store while it is an active node, so that the workers of a starting group notice a node of their
   round that was lost before its workers came (a hot spare killed while it joins) within their
   liveness timeout instead of the barrier timeout. The workers find the store through
-  TRAINER_LIVENESS_STORE, set here from `--rdzv-endpoint` before NVRx starts any of them.
+  TRAINER_LIVENESS_STORE, set here from `--rdzv-endpoint` before NVRx starts any of them;
+* a launcher that reaches a rendezvous closed with a failure (a pod re-created within the service's read
+  grace) waits for the fresh one before it joins (supervise.py `wait_past_failed_rendezvous`).
 
 The pod's wrapper (`python -m trainer.launcher`, trainer/launcher/__main__.py) execs this instead of the
 `ft_launcher` script it was given (Contract 2). FT_LAUNCHER stays in the process's command line, so the
@@ -35,7 +37,7 @@ def main(argv: list[str]) -> int:
         return 2
     from nvidia_resiliency_ext.fault_tolerance import ft_rendezvous_barrier, launcher
 
-    from trainer.launcher.beat import LauncherBeat, rdzv_endpoint
+    from trainer.launcher.beat import LauncherBeat, launcher_option, rdzv_endpoint
     from trainer.launcher.patches import (
         beat_after_rendezvous,
         claim_previous_rank,
@@ -51,6 +53,7 @@ def main(argv: list[str]) -> int:
         EPOCH_FILE_ENV,
         LAUNCHER_ID_ENV,
         record_service_after_failure,
+        wait_past_failed_rendezvous,
         write_epoch_when_reachable,
     )
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
@@ -74,6 +77,9 @@ def main(argv: list[str]) -> int:
         endpoint = None
     if endpoint and beat_after_rendezvous(launcher, LauncherBeat(endpoint)):
         os.environ[LIVENESS_STORE_ENV] = endpoint
+    run_id = launcher_option(argv[1:], "--rdzv-id", "--rdzv_id")
+    if endpoint and run_id and wait_past_failed_rendezvous(endpoint, run_id):
+        print("trainer.launcher.ft: the rendezvous reached had closed with a failure; joined the fresh one")
     epoch_file = os.environ.get(EPOCH_FILE_ENV)
     if endpoint and epoch_file:  # for the supervisor: which rendezvous service this launcher joined
         threading.Thread(target=write_epoch_when_reachable, args=(endpoint, epoch_file), daemon=True).start()

@@ -61,6 +61,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from trainer.launcher.podfiles import write_atomically
 from trainer.launcher.presence import PRESENCE_PORT_ENV, PresenceListener
@@ -100,6 +101,18 @@ Kept = frozenset[int] | Callable[[], frozenset[int]]
 """The supervisor's other children: fixed PIDs, or a function that returns them (and may replace one)."""
 
 
+def _client(endpoint: str, timeout_s: float) -> Any:
+    """A client of the store at `endpoint` (host:port); raises when nothing answers within `timeout_s`."""
+    import torch.distributed as dist
+
+    from trainer.resilience.liveness import parse_endpoint
+
+    host, port = parse_endpoint(endpoint, "--rdzv-endpoint")
+    return dist.TCPStore(
+        host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
 def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
     """The rendezvous service's epoch at `endpoint` (host:port), or None when nothing answers or the store
     has no epoch (a store hosted by a launcher)."""
@@ -108,21 +121,45 @@ def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
 
 def read_service(endpoint: str, timeout_s: float = 2.0) -> tuple[str | None, bool]:
     """(read_epoch, whether that store is the one the service started after a failed rendezvous)."""
-    import torch.distributed as dist
-
     from trainer.launcher.rendezvous import EPOCH_KEY, FOLLOWS_FAILURE_KEY
-    from trainer.resilience.liveness import parse_endpoint
 
     try:
-        host, port = parse_endpoint(endpoint, "--rdzv-endpoint")
-        store = dist.TCPStore(
-            host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-        )
+        store = _client(endpoint, timeout_s)
         if not store.check([EPOCH_KEY]):
             return None, False
         return bytes(store.get(EPOCH_KEY)).decode(errors="replace"), store.check([FOLLOWS_FAILURE_KEY])
     except (RuntimeError, ValueError, OSError):  # DistStoreError/DistNetworkError are RuntimeErrors
         return None, False
+
+
+FAILED_ROUND_WAIT_S = 30.0
+"""How long a starting launcher waits for the fresh rendezvous when the store it reaches holds one that
+closed with a failure: NVRx's service keeps the closed store 3 s for its launchers to read the reason."""
+
+
+def wait_past_failed_rendezvous(endpoint: str, run_id: str, wait_s: float = FAILED_ROUND_WAIT_S) -> bool:
+    """ft_launcher's side, before it joins: when the store at `endpoint` holds rendezvous `run_id` closed
+    with a failure (trainer/launcher/rendezvous.py serves a fresh store once NVRx's read grace is over),
+    wait until another epoch answers. A pod the Job controller re-created within that grace would join the
+    closed rendezvous, lose the store when the grace ends, and fail once more, a retry wasted. Returns
+    whether it waited; proceeds after `wait_s` or when nothing answers (NVRx's own connect wait then)."""
+    from trainer.launcher.rendezvous import EPOCH_KEY, RESTARTED_AFTER, shutdown_reason
+
+    try:
+        store = _client(endpoint, 2.0)
+        if not store.check([EPOCH_KEY]) or shutdown_reason(store, run_id) not in RESTARTED_AFTER:
+            return False
+        closed = bytes(store.get(EPOCH_KEY)).decode(errors="replace")
+    except (RuntimeError, ValueError, OSError):
+        return False
+    del store  # a client of the closed store must not outlive it
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(POLL_S / 5)
+        current = read_epoch(endpoint, timeout_s=1.0)
+        if current is not None and current != closed:
+            break
+    return True
 
 
 def write_epoch_when_reachable(endpoint: str, path: str, stop: threading.Event | None = None) -> None:
