@@ -38,6 +38,8 @@ STANDBY_NAME = "standby"
 """A standby's /proc/PID/comm while it imports."""
 READY_NAME = "standby-ready"
 """A standby's /proc/PID/comm once it waits for its start with its imports done."""
+PARENT_ENV = "TRAINER_STANDBY_PARENT"
+"""The PID of the process that started the standby, for the standby to tell it is still there."""
 MAX_START_BYTES = 1 << 20
 """The longest start line accepted (a launcher's argument list is a few kB)."""
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +54,7 @@ class Standby:
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.argv = list(argv)
+        env = {**(os.environ if env is None else env), PARENT_ENV: str(os.getpid())}
         self.proc: subprocess.Popen[bytes] = subprocess.Popen(self.argv, stdin=subprocess.PIPE, env=env)
 
     @property
@@ -101,6 +104,8 @@ def begin() -> None:
     process name."""
     global _name
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.environ.pop(PARENT_ENV, None) != str(os.getppid()):
+        os._exit(0)  # the parent ended before the signal was armed
     _name = _comm()
     _set_comm(STANDBY_NAME)
 

@@ -284,6 +284,7 @@ class Supervisor:
             if proc is not None:
                 self.warm_starts += 1
                 return proc
+            self.standby_failures += 1
             self.log("the standby ft_launcher was gone; starting ft_launcher cold")
         return subprocess.Popen(self.command, env=env)
 

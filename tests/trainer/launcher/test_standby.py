@@ -142,6 +142,7 @@ def _supervise(tmp_path: Path, standby: str, waits_for: str, count: int) -> dict
         "    deadline = time.monotonic() + 60\n"
         f"    while len(list(d.glob({waits_for!r}))) < {count} and time.monotonic() < deadline:\n"
         "        time.sleep(0.05)\n"
+        "    time.sleep(1.0)  # the last one's end seen by the supervisor's polls\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     driver = (
