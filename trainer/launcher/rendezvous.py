@@ -60,8 +60,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainer.launcher.beat import rdzv_endpoint
-from trainer.launcher.standby import STANDBY_FLAG, Standby, await_start, begin
-from trainer.launcher.supervise import STANDBY_DELAY_S, become_subreaper, end_orphans, reap_orphans
+from trainer.launcher.reaping import become_subreaper, end_orphans, reap_orphans
+from trainer.launcher.standby import STANDBY_DELAY_S, STANDBY_FLAG, Standby, await_start, begin
 
 EPOCH_KEY = "trainer/rendezvous/epoch"
 """Key of the service's epoch in its store (a fresh random hex string per store)."""

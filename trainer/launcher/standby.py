@@ -38,6 +38,10 @@ STANDBY_NAME = "standby"
 """A standby's /proc/PID/comm while it imports."""
 READY_NAME = "standby-ready"
 """A standby's /proc/PID/comm once it waits for its start with its imports done."""
+STANDBY_DELAY_S = 5.0
+"""How long after the process a standby stands in for is up (ft_launcher reached the rendezvous service,
+the service listens) the standby starts: its imports then do not compete for the cores with that
+process's own start and its workers'."""
 PARENT_ENV = "TRAINER_STANDBY_PARENT"
 """The PID of the process that started the standby, for the standby to tell it is still there."""
 MAX_START_BYTES = 1 << 20

@@ -65,7 +65,8 @@ from typing import Any
 
 from trainer.launcher.podfiles import write_atomically
 from trainer.launcher.presence import PRESENCE_PORT_ENV, PresenceListener
-from trainer.launcher.standby import STANDBY_FLAG, Standby
+from trainer.launcher.reaping import become_subreaper, end_orphans, reap_orphans
+from trainer.launcher.standby import STANDBY_DELAY_S, STANDBY_FLAG, Standby
 
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
@@ -89,14 +90,10 @@ EVICTED_EXIT = 95
 """A straggler's pod leaving: trainer/resilience/straggler.py EVICTED_EXIT (this module imports no torch)."""
 LAUNCHER_RESTARTS = 3
 """How often one pod's ft_launcher, killed from outside, is started again before the pod gives up."""
-STANDBY_DELAY_S = 5.0
-"""How long after ft_launcher reached the rendezvous service its standby starts importing: not while the
-launcher itself imports or its workers start, on the cores they need."""
 STANDBY_LATE_S = 30.0
 """When ft_launcher reaches no service (a launcher-hosted store), how long after its start."""
 STANDBY_FAILURES = 3
 """Standbys that died before their use, after which this pod's starts are cold."""
-_PR_SET_CHILD_SUBREAPER = 36
 Kept = frozenset[int] | Callable[[], frozenset[int]]
 """The supervisor's other children: fixed PIDs, or a function that returns them (and may replace one)."""
 
@@ -369,60 +366,6 @@ class Supervisor:
                 f"ft_launcher exited {rc}: the rendezvous service was replaced (epoch {epoch} -> {new}); "
                 f"starting ft_launcher again on this pod (restart {self.restarts})"
             )
-
-
-def become_subreaper() -> None:
-    """Have orphaned descendants reparented to this process (what PID 1 of a container gets anyway)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: no leftovers are tracked
-        pass
-
-
-def _children(of: int) -> list[tuple[int, str]]:
-    """(pid, state) of the processes whose parent is `of`, from /proc."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == of:
-            found.append((int(entry.name), fields[0]))
-    return found
-
-
-def reap_orphans(keep: set[int] | frozenset[int]) -> None:
-    """Reap the exited orphans reparented here (zombies), never a process in `keep`."""
-    for pid, state in _children(os.getpid()):
-        if state == "Z" and pid not in keep:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def end_orphans(keep: set[int] | frozenset[int], grace_s: float = 5.0) -> int:
-    """SIGKILL and reap every child of this process but `keep` (a dead ft_launcher's workers, stand-ins,
-    rank monitors and their helpers, reparented here), repeating until none is left or `grace_s` ran
-    out (a killed stand-in's forked worker follows it through its lifeline); how many were ended."""
-    ended: set[int] = set()
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        left = [(pid, state) for pid, state in _children(os.getpid()) if pid not in keep]
-        if not left:
-            break
-        for pid, state in left:
-            if state != "Z":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            ended.add(pid)
-        time.sleep(0.05)
-        reap_orphans(keep)
-    return len(ended)
 
 
 def _other_epoch_in_subprocess(endpoint: str, epoch: str, wait_s: float) -> str | None:
