@@ -60,6 +60,7 @@ from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
 from tools.recovery_phases import launcher_events, phases
 from trainer.launcher.standby import is_standby
+from trainer.launcher.supervise import EVICTED_EXIT
 from trainer.runtime.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -535,6 +536,8 @@ def measure(
     lost_on_purpose = nodes_lost + (1 if sc.action == "kill-joining-spare" else 0)
     lost_on_purpose += sum(1 for k in kills if k["process"] == "main" and k["pids"])
     early = [e for e in result.exits if e.reason != "succeeded"]
+    # A straggler's pod that left for the spare (the chart's failure policy ignores its status).
+    lost_on_purpose += sum(1 for e in early if e.returncode == EVICTED_EXIT)
     rec["unplanned_pod_restarts"] = max(0, len(early) - lost_on_purpose)
     if rec["single_mttr_s"] and rec["mttr_s"]:
         rec["compound_over_single"] = rec["mttr_s"] / rec["single_mttr_s"]

@@ -82,7 +82,11 @@ class Endpoint:
 
         self._server = make_server(addr, port, counted, _ThreadingWSGIServer, _QuietHandler)
         self.port = int(self._server.server_port)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        # A short poll: close() (the training process gone) releases the port within it, before a
+        # worker restarted from the warm zygote looks for the port (serve_forever's default is 0.5 s).
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="metrics", daemon=True
+        )
         self._thread.start()
 
     def _done(self, number: int) -> None:

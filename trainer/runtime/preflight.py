@@ -15,10 +15,11 @@ import errno
 import os
 import socket
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from trainer.api.check import CheckFn, World
 from trainer.api.job import JobConfig
@@ -28,6 +29,8 @@ from trainer.runtime.faults import RANDOM
 
 if TYPE_CHECKING:
     from trainer.events.metrics_server import MetricsServer
+
+_T = TypeVar("_T")
 
 
 def job_config(cfg: TrainConfig) -> JobConfig:
@@ -137,8 +140,36 @@ def _launcher_ports(env: Mapping[str, str]) -> dict[int, str]:
     return ports
 
 
-def check_metrics_port(port: int, env: Mapping[str, str], *, try_bind: bool) -> None:
-    """The exporter's port is none of the launcher's or the stores' ports and (if `try_bind`) is free."""
+PORT_RELEASE_WAIT_S = 3.0
+"""How long a port found in use is tried again before that is a ConfigError. The previous worker's
+endpoint process (trainer/events/metrics_server.py) exits when that worker dies, but a worker restarted
+from the warm zygote can be checking the port a moment before it has: a taken port for good is still an
+error no restart fixes (exit 93), so the wait must outlast that exit, not hide a conflict."""
+
+
+def retry_while_in_use(bind: Callable[[], _T], wait_s: float = PORT_RELEASE_WAIT_S) -> _T:
+    """`bind()`, tried again every 0.1 s while it fails with EADDRINUSE, for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return bind()
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.1)
+
+
+def _try_bind(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's HTTP server does
+        sock.bind(("0.0.0.0", port))
+
+
+def check_metrics_port(
+    port: int, env: Mapping[str, str], *, try_bind: bool, wait_s: float = PORT_RELEASE_WAIT_S
+) -> None:
+    """The exporter's port is none of the launcher's or the stores' ports and (if `try_bind`) is free,
+    or freed within `wait_s`."""
     if port == 0:
         return
     taken = _launcher_ports(env)
@@ -146,12 +177,10 @@ def check_metrics_port(port: int, env: Mapping[str, str], *, try_bind: bool) -> 
         raise ConfigError("metrics_port", f"{port} is {taken[port]}; pick another port")
     if not try_bind:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the exporter's HTTP server does
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError as exc:
-            raise ConfigError("metrics_port", _bind_error(port, exc)) from None
+    try:
+        retry_while_in_use(lambda: _try_bind(port), wait_s)
+    except OSError as exc:
+        raise ConfigError("metrics_port", _bind_error(port, exc)) from None
 
 
 def _bind_error(port: int, exc: OSError) -> str:
@@ -168,7 +197,7 @@ def open_metrics_server(out_dir: Path, port: int, *, rank: int, local_rank: int)
     from trainer.events.metrics_server import MetricsServer
 
     try:
-        return MetricsServer(out_dir, port, rank=rank)
+        return retry_while_in_use(lambda: MetricsServer(out_dir, port, rank=rank))
     except OSError as exc:
         raise ConfigError("metrics_port", _bind_error(port, exc)) from None
 

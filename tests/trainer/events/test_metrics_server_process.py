@@ -83,3 +83,43 @@ def test_a_killed_child_is_started_again_on_the_same_port(tmp_path: Path) -> Non
     finally:
         server.close()
     assert server._proc.returncode == 0 and server.restarts == 1, "a closed handle is not restarted"
+
+
+PARENT_ON_PORT = """
+import sys
+from trainer.events.metrics_server import MetricsServer
+server = MetricsServer(sys.argv[1], int(sys.argv[2]), rank=0, addr="0.0.0.0")
+print(server.port, flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def test_a_worker_restarted_at_once_gets_the_port_its_killed_predecessor_served(tmp_path: Path) -> None:
+    """A worker SIGKILLed and started again from the warm zygote checks the metrics port while the dead
+    worker's endpoint process may still hold it: the check waits for the release (a ConfigError there is
+    exit 93, the whole job lost to a race). A port taken for good is still refused, naming the field."""
+    from tests.helpers import free_port
+    from trainer.config.train_config import ConfigError
+    from trainer.runtime.preflight import check_metrics_port, open_metrics_server
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_ON_PORT, str(tmp_path), str(port)], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert parent.stdout is not None
+    assert int(parent.stdout.readline()) == port
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    check_metrics_port(port, {}, try_bind=True)  # at once: the endpoint process is still exiting
+    server = open_metrics_server(tmp_path, port, rank=0, local_rank=0)
+    assert server is not None and server.port == port
+    try:
+        started = time.monotonic()
+        with pytest.raises(ConfigError, match="already in use") as info:
+            check_metrics_port(port, {}, try_bind=True, wait_s=0.5)
+        assert info.value.field == "metrics_port"
+        assert time.monotonic() - started >= 0.5
+    finally:
+        server.close()
