@@ -59,6 +59,7 @@ from tools import podkill
 from tools.localjob import JobResult, LocalJob, PodSpec
 from tools.pod_roles import role_changes, takeover_after
 from tools.recovery_phases import launcher_events, phases
+from trainer.launcher.standby import is_standby
 from trainer.launcher.supervise import EVICTED_EXIT
 from trainer.runtime.ports import free_port
 
@@ -342,8 +343,9 @@ def _is_worker(cmdline: str) -> bool:
 
 def _launchers(main_pid: int, procs: set[int]) -> set[int]:
     """The pod's launcher processes: its main process and, under the supervisor
-    (trainer/launcher/supervise.py), ft_launcher's process, its child."""
-    return {main_pid} | {p for p in procs if _ppid(p) == main_pid and "trainer.launcher.ft" in _cmdline(p)}
+    (trainer/launcher/supervise.py), ft_launcher's process, its child (not the warm standby beside it)."""
+    children = {p for p in procs if _ppid(p) == main_pid and not is_standby(p)}
+    return {main_pid} | {p for p in children if "trainer.launcher.ft" in _cmdline(p)}
 
 
 class Driver:

@@ -7,7 +7,8 @@ in `fail_job_exit_codes` fails the job at once (podFailurePolicy `FailJob`).
 With a rendezvous port it also plays the chart's rendezvous Deployment: one service process
 (`python -m trainer.launcher.rendezvous`, trainer/launcher/rendezvous.py) started before the pods and
 replaced whenever it ends while the job runs; every pod's launcher is a client of it (`is_host=0`), so no
-pod hosts the store and losing pod 0 is losing any node. `kill_rendezvous` loses it (its pod deleted).
+pod hosts the store and losing pod 0 is losing any node. `kill_rendezvous` loses it (its pod deleted);
+tools/podkill.py kills only its serving process (`rendezvous_pod`), which its warm standby replaces.
 
 The pods themselves (process trees killed whole) are tools/localpod.py.
 """
@@ -178,6 +179,11 @@ class LocalJob:
         if self._rendezvous is None:
             raise RuntimeError("kill_rendezvous: this job has no rendezvous service (no host_port)")
         return self._rendezvous.kill()
+
+    def rendezvous_pod(self) -> LocalPod | None:
+        """The rendezvous service's pod (its main process runs the serving process and a warm standby:
+        trainer/launcher/rendezvous.py `Keeper`), None without one."""
+        return self._rendezvous
 
     def pod(self, index: int) -> LocalPod:
         """The current pod of `index`."""

@@ -9,12 +9,13 @@ PROCESS     the process SIGKILLed (in the pod of Job index I; without `pod`, in 
             pod that has a training worker then, so that a hot spare is never the one hit)
 ==========  ==========================================================================================
 main        the pod's main process (`python -m trainer.launcher`, the supervisor; PID 1 in a container)
-launcher    ft_launcher's process, the supervisor's child
+launcher    ft_launcher's serving process, the supervisor's child (not its waiting warm standby)
 zygote      the prefork zygote (trainer/launcher/prefork/server.py), the supervisor's child
 worker      a training worker (the one with the lowest PID: a zygote's fork, or a cold `-m trainer`)
 exporter    the metrics endpoint's child of local rank 0 (trainer/events/metrics_server.py); the job
             must serve metrics (bench/recovery_pods.py gives each local pod a port of its own)
-rendezvous  the rendezvous service's process (its own pod; `pod` does not apply)
+rendezvous  the rendezvous service's serving process, its pod's main process' child (not the waiting
+            standby beside it; its own pod: `pod` does not apply)
 ==========  ==========================================================================================
 
 Why from outside, and not a fault kind the trainer fires on itself (trainer/runtime/faults.py): the
@@ -38,6 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast, get_args
 
+from trainer.launcher.standby import is_standby
+
 Process = Literal["main", "launcher", "zygote", "worker", "exporter", "rendezvous"]
 PROCESSES: tuple[str, ...] = get_args(Process)
 MISS_AFTER_STEPS = 5
@@ -45,6 +48,7 @@ MISS_AFTER_STEPS = 5
 _ZYGOTE = "trainer.launcher.prefork.server"
 _LAUNCHER = "trainer.launcher.ft"
 _EXPORTER = "trainer.events.metrics_server"
+_RENDEZVOUS = "trainer.launcher.rendezvous"
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ class Job(Protocol):
 
     def attempt(self, index: int) -> int: ...
 
-    def kill_rendezvous(self) -> set[int]: ...
+    def rendezvous_pod(self) -> Any: ...
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
@@ -131,11 +135,17 @@ def find(process: Process, main: int, procs: Iterable[int]) -> list[int]:
     (`python -u -m trainer`); the stand-in runs one thread, a worker many (torch's)."""
     if process == "main":
         return [main]
-    info = {p: (s, _cmdline(p)) for p in procs if p != main and (s := _stat(p)) is not None}
+    info = {
+        p: (s, _cmdline(p))
+        for p in procs
+        if p != main and (s := _stat(p)) is not None and not is_standby(p)  # standby.py: a spare process
+    }
     found = []
     for pid, ((ppid, sid), cmd) in info.items():
         if process == "launcher":
             hit = ppid == main and _LAUNCHER in cmd
+        elif process == "rendezvous":
+            hit = ppid == main and _RENDEZVOUS in cmd
         elif process == "zygote":
             hit = ppid == main and _ZYGOTE in cmd and sid != pid
         elif process == "exporter":
@@ -191,7 +201,11 @@ class Schedule:
     def _kill(self, kill: Kill) -> tuple[int | None, list[int]]:
         """(the pod's index, the PIDs killed) of `kill` now."""
         if kill.process == "rendezvous":
-            return None, sorted(self.job.kill_rendezvous())
+            service = self.job.rendezvous_pod()
+            if service is None:
+                return None, []
+            pids = find("rendezvous", service.pid, service.processes())[:1]
+            return None, [pid for pid in pids if _sigkill(pid)]
         for index in [kill.pod] if kill.pod is not None else range(self.pods):
             if self.job.attempt(index) < 0:
                 continue
@@ -210,6 +224,14 @@ class Schedule:
 
     def records(self) -> list[dict[str, Any]]:
         return [asdict(d) for d in self.done]
+
+
+def _sigkill(pid: int) -> bool:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def step_times(events: Iterable[dict[str, Any]]) -> list[tuple[float, int]]:

@@ -9,7 +9,11 @@ docs/design.md), and the zygote it starts:
   canary test that fails once NVRx fixes it;
 - beat.py:     the launcher's node beat while its worker group starts (the workers' side:
   trainer/resilience/liveness.py);
-- prefork/:    the zygote that forks warm workers, and the worker's stand-in that asks it for one.
+- prefork/:    the zygote that forks warm workers, and the worker's stand-in that asks it for one;
+- reaping.py:  the pod's main process and its children: orphans reaped, a dead child's leftovers ended;
+- standby.py:  a warm standby process, imported and waiting on a pipe for its start: the next
+  ft_launcher of a pod (supervise.py) and the next serving process of the rendezvous service
+  (rendezvous.py), so that neither replacement imports torch on the recovery path.
 
 May import the rest of the trainer (resilience/liveness.py for the beat's keys); nothing in the trainer
 imports this package except, for `prefork`'s environment names, `forked()` and `launcher_pid()`, the

@@ -117,5 +117,33 @@ def exit_without_teardown(code: object) -> None:
     os._exit(status)
 
 
+def standby(launcher_path: list[str]) -> int:
+    """`python -m trainer.launcher.ft --standby FT_LAUNCHER`: the pod's warm standby ft_launcher
+    (trainer/launcher/standby.py): import what `main` imports, wait for the supervisor's start (the
+    command line it would have started cold: `python -m trainer.launcher.ft FT_LAUNCHER ...`, the same
+    FT_LAUNCHER), run it."""
+    from trainer.launcher.standby import await_start, begin
+
+    begin()
+    # What main imports: torch, torch.distributed.elastic and NVRx's launcher, seconds of every start.
+    import nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier
+    import nvidia_resiliency_ext.fault_tolerance.launcher  # noqa: F401
+
+    import trainer.launcher.beat
+    import trainer.launcher.patches
+    import trainer.launcher.supervise
+    import trainer.resilience.liveness  # noqa: F401
+
+    command = await_start()
+    if len(launcher_path) != 1 or command[1:4] != ["-m", "trainer.launcher.ft", *launcher_path]:
+        print(
+            f"trainer.launcher.ft: the standby of {launcher_path} was handed {command[:4]}", file=sys.stderr
+        )
+        return 2
+    return main(command[3:])
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from trainer.launcher.standby import STANDBY_FLAG
+
+    sys.exit(standby(sys.argv[2:]) if sys.argv[1:2] == [STANDBY_FLAG] else main(sys.argv[1:]))

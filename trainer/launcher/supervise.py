@@ -21,6 +21,14 @@ killer), the pod is fine too: its workers, rank monitors and their helpers, repa
 ft_launcher starts again (at most `LAUNCHER_RESTARTS` times per pod): it joins the next round as a new
 node, which costs the job one restart round instead of a replaced pod. The zygote is kept.
 
+Either restart is warm: a few seconds after each ft_launcher reached the service (STANDBY_DELAY_S), the
+supervisor starts the next one, `python -m trainer.launcher.ft --standby FT_LAUNCHER`, which imports
+torch and NVRx and waits on a pipe (trainer/launcher/standby.py), and hands it ft_launcher's command line
+when the serving one has ended: no cold import (11 s on a loaded 2-core machine) between the loss and a
+launcher that joins. The standby holds no port, device or NVRx state until then, is kept out of the
+leftovers ended after a kill, and dies with this process; one that dies unused is replaced, at most
+STANDBY_FAILURES times, and without one a start is cold, as before.
+
 The supervisor itself never imports torch (it would hold a second copy of it in every pod): ft_launcher's
 process, which has the store client library loaded anyway, writes the epoch it joined under to
 `EPOCH_FILE_ENV` (trainer/launcher/ft.py) and, when it fails, what answers at the endpoint then
@@ -57,6 +65,8 @@ from typing import Any
 
 from trainer.launcher.podfiles import write_atomically
 from trainer.launcher.presence import PRESENCE_PORT_ENV, PresenceListener
+from trainer.launcher.reaping import become_subreaper, end_orphans, reap_orphans
+from trainer.launcher.standby import STANDBY_DELAY_S, STANDBY_FLAG, Standby
 
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
 """The supervisor's pid, in ft_launcher's environment (and so its workers'): the pod's main process."""
@@ -80,7 +90,10 @@ EVICTED_EXIT = 95
 """A straggler's pod leaving: trainer/resilience/straggler.py EVICTED_EXIT (this module imports no torch)."""
 LAUNCHER_RESTARTS = 3
 """How often one pod's ft_launcher, killed from outside, is started again before the pod gives up."""
-_PR_SET_CHILD_SUBREAPER = 36
+STANDBY_LATE_S = 30.0
+"""When ft_launcher reaches no service (a launcher-hosted store), how long after its start."""
+STANDBY_FAILURES = 3
+"""Standbys that died before their use, after which this pod's starts are cold."""
 Kept = frozenset[int] | Callable[[], frozenset[int]]
 """The supervisor's other children: fixed PIDs, or a function that returns them (and may replace one)."""
 
@@ -197,9 +210,16 @@ class Supervisor:
         *,
         other_epoch: Callable[[str, str, float], str | None] | None = None,
         rejoin_wait_s: float = REJOIN_WAIT_S,
+        standby: Sequence[str] | None = None,
         log: Callable[[str], None] = lambda m: print(f"trainer.launcher: {m}", file=sys.stderr, flush=True),
     ) -> None:
+        """`standby`: the command of a warm standby for `command` (trainer/launcher/standby.py), kept
+        waiting while ft_launcher runs and handed its next start; None: every start is cold."""
         self.command = list(command)
+        self.standby_command = list(standby) if standby else None
+        self.standby: Standby | None = None
+        self.standby_failures = 0
+        self.warm_starts = 0
         self.endpoint = endpoint
         self.epoch_file = epoch_file
         self.other_epoch = other_epoch or _other_epoch_in_subprocess
@@ -246,6 +266,55 @@ class Supervisor:
     def run(self, keep: Kept = frozenset()) -> int:
         """Supervise until ft_launcher ends for good; `keep`: children that are not ft_launcher's
         leftovers (the zygote), or a function called at each poll that returns them."""
+        try:
+            return self._run(keep)
+        finally:
+            if self.standby is not None:
+                self.standby.stop()
+                self.standby = None
+
+    def _launch(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start ft_launcher: hand the start to the standby when one waits, else cold."""
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            proc = standby.start(self.command)
+            if proc is not None:
+                self.warm_starts += 1
+                return proc
+            self.standby_failures += 1
+            self.log("the standby ft_launcher was gone; starting ft_launcher cold")
+        return subprocess.Popen(self.command, env=env)
+
+    def _keep_standby(self, env: dict[str, str], due: float | None) -> None:
+        """Start a standby once `due` (monotonic) passed, and again when one died before its use (at
+        most STANDBY_FAILURES times: a standby that cannot start is not worth a process a poll)."""
+        if self.standby is not None and self.standby.proc.poll() is not None:
+            self.standby_failures += 1
+            self.log(f"the standby ft_launcher ended ({self.standby.proc.returncode}) before it was needed")
+            self.standby = None
+        if (
+            self.standby is None
+            and self.standby_command
+            and self.standby_failures < STANDBY_FAILURES
+            and due is not None
+            and time.monotonic() >= due
+        ):
+            self.standby = Standby(self.standby_command, env)
+
+    def _standby_pids(self) -> frozenset[int]:
+        return frozenset({self.standby.pid}) if self.standby is not None else frozenset()
+
+    def _standby_due(self, started: float, due: float | None) -> float | None:
+        """When the next standby should start: STANDBY_DELAY_S after the serving ft_launcher reached the
+        service (its own imports and the start of its workers are over by then), or STANDBY_LATE_S after
+        its start when it reaches none (a launcher-hosted store)."""
+        if due is not None or self.standby_command is None:
+            return due
+        if self.joined_epoch() is not None:
+            return time.monotonic() + STANDBY_DELAY_S
+        return started + STANDBY_LATE_S if not self.endpoint else None
+
+    def _run(self, keep: Kept) -> int:
         kept = keep if callable(keep) else lambda: keep
         env = {
             **os.environ,
@@ -263,20 +332,23 @@ class Supervisor:
                     return EVICTED_EXIT
                 if self.stopping:
                     return 128 + signal.SIGTERM
-                self._child = subprocess.Popen(self.command, env=env)
+                self._child = self._launch(env)
             child = self._child
+            started, due = time.monotonic(), None
             while (rc := child.poll()) is None:
-                reap_orphans(kept() | {child.pid})
+                due = self._standby_due(started, due)
+                self._keep_standby(env, due)
+                reap_orphans(kept() | {child.pid} | self._standby_pids())
                 time.sleep(POLL_S)
             if self.evicted:
-                left = end_orphans(kept() | {child.pid})
+                left = end_orphans(kept() | {child.pid} | self._standby_pids())
                 self.log(f"evicted as a straggler: ended ft_launcher and its {left} processes; leaving")
                 return EVICTED_EXIT
             if rc == 0 or self.stopping:
                 return _exit_status(rc)
             if rc < 0 and killed_restarts < LAUNCHER_RESTARTS:
                 killed_restarts += 1
-                left = end_orphans(kept() | {child.pid})
+                left = end_orphans(kept() | {child.pid} | self._standby_pids())
                 self.restarts += 1
                 self.log(
                     f"ft_launcher was killed by signal {-rc} from outside; ended its {left} leftover "
@@ -294,60 +366,6 @@ class Supervisor:
                 f"ft_launcher exited {rc}: the rendezvous service was replaced (epoch {epoch} -> {new}); "
                 f"starting ft_launcher again on this pod (restart {self.restarts})"
             )
-
-
-def become_subreaper() -> None:
-    """Have orphaned descendants reparented to this process (what PID 1 of a container gets anyway)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: no leftovers are tracked
-        pass
-
-
-def _children(of: int) -> list[tuple[int, str]]:
-    """(pid, state) of the processes whose parent is `of`, from /proc."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == of:
-            found.append((int(entry.name), fields[0]))
-    return found
-
-
-def reap_orphans(keep: set[int] | frozenset[int]) -> None:
-    """Reap the exited orphans reparented here (zombies), never a process in `keep`."""
-    for pid, state in _children(os.getpid()):
-        if state == "Z" and pid not in keep:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-
-
-def end_orphans(keep: set[int] | frozenset[int], grace_s: float = 5.0) -> int:
-    """SIGKILL and reap every child of this process but `keep` (a dead ft_launcher's workers, stand-ins,
-    rank monitors and their helpers, reparented here), repeating until none is left or `grace_s` ran
-    out (a killed stand-in's forked worker follows it through its lifeline); how many were ended."""
-    ended: set[int] = set()
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        left = [(pid, state) for pid, state in _children(os.getpid()) if pid not in keep]
-        if not left:
-            break
-        for pid, state in left:
-            if state != "Z":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            ended.add(pid)
-        time.sleep(0.05)
-        reap_orphans(keep)
-    return len(ended)
 
 
 def _other_epoch_in_subprocess(endpoint: str, epoch: str, wait_s: float) -> str | None:
@@ -368,7 +386,7 @@ def _exit_status(rc: int) -> int:
 def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, keep: Kept = frozenset()) -> int:
     """Run ft_launcher's `command` under a Supervisor with the pod's signals forwarded; `keep`: this
     process's other children (the zygote), never taken for ft_launcher's leftovers."""
-    supervisor = Supervisor(command, endpoint, epoch_file)
+    supervisor = Supervisor(command, endpoint, epoch_file, standby=standby_command(command))
     # Open for as long as this process (the pod) lives: peers tell a lost pod by a refused connection.
     listener = PresenceListener()
     os.environ[PRESENCE_PORT_ENV] = str(listener.port)
@@ -377,6 +395,15 @@ def supervise(command: Sequence[str], endpoint: str | None, epoch_file: str, kee
         signal.signal(sig, supervisor.forward)
     signal.signal(signal.SIGUSR1, supervisor.evict)
     return supervisor.run(keep)
+
+
+def standby_command(command: Sequence[str]) -> list[str] | None:
+    """The warm standby of ft_launcher's `command` (`python -m trainer.launcher.ft FT_LAUNCHER ...`):
+    the same module and FT_LAUNCHER, waiting for the rest (trainer/launcher/ft.py `standby`)."""
+    head = list(command[:3])
+    if len(command) < 4 or head[1:] != ["-m", "trainer.launcher.ft"]:
+        return None
+    return [*head, STANDBY_FLAG, command[3]]
 
 
 def main(argv: list[str]) -> int:

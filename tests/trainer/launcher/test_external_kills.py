@@ -67,24 +67,7 @@ def _killed(run: dict[str, Any], process: str) -> dict[str, Any]:
     return dict(kill)
 
 
-# The two whose replacement processes start cold (the rendezvous service's and ft_launcher's imports of
-# torch) exceed the bound on a loaded 2-core machine (docs/failure-domains.md, "External kills").
-COLD_REPLACEMENT = pytest.mark.xfail(
-    strict=False, reason="a replacement process's cold imports; docs/failure-domains.md, External kills"
-)
-
-
-@pytest.mark.parametrize(
-    "process",
-    [
-        "zygote",
-        "exporter",
-        "worker",
-        pytest.param("launcher", marks=COLD_REPLACEMENT),
-        pytest.param("rendezvous", marks=COLD_REPLACEMENT),
-        "main",
-    ],
-)
+@pytest.mark.parametrize("process", ["zygote", "exporter", "worker", "launcher", "rendezvous", "main"])
 def test_each_kill_costs_at_most_twice_the_worst_single_fault_recovery_plus_10_s(
     run: dict[str, Any], process: str
 ) -> None:
@@ -141,6 +124,7 @@ def test_a_killed_worker_costs_one_restart_round_from_memory(run: dict[str, Any]
 def test_a_killed_ft_launcher_is_started_again_on_its_pod(run: dict[str, Any]) -> None:
     kill = _killed(run, "launcher")
     assert _pod_log(run, kill).count("ft_launcher was killed by signal 9 from outside") == 1
+    assert "the standby ft_launcher was gone" not in _pod_log(run, kill), "started warm, from its standby"
     after = _restores_between(run, kill["t"], _next_kill_t(run, kill))
     assert after and {e["source"] for e in after} <= {"shm", "peer"}, after
 
@@ -148,6 +132,9 @@ def test_a_killed_ft_launcher_is_started_again_on_its_pod(run: dict[str, Any]) -
 def test_a_killed_rendezvous_service_costs_one_round_and_no_pod(run: dict[str, Any]) -> None:
     kill = _killed(run, "rendezvous")
     assert sum(log.count("the rendezvous service was replaced") for log in run["logs"].values()) >= 2
+    service_log = (run["dir"] / "logs" / "rendezvous.log").read_text(errors="replace")
+    assert "its standby takes the port (hand-over 1)" in service_log, "the service's standby took over"
+    assert not any("the standby ft_launcher was gone" in log for log in run["logs"].values())
     after = _restores_between(run, kill["t"], _next_kill_t(run, kill))
     assert after and {e["source"] for e in after} <= {"shm", "peer"}, after
 
