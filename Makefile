@@ -15,10 +15,11 @@ CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
 NAMESPACE   ?= ml-research
 PYTEST_ARGS ?=
-# make test and test-fast run two pytest workers (xdist); tests/conftest.py groups the tests so that the
-# multi-process training runs go one after another on one worker while the other takes the rest.
+# make test and test-fast run two pytest workers (xdist); tests/groups.py groups the tests so that most
+# multi-process training runs go one after another on one worker while the other takes a second lane of
+# them first, then the rest. --no-loadscope-reorder: the groups start in tests/groups.py's order.
 PYTEST_WORKERS ?= 2
-XDIST       := -n $(PYTEST_WORKERS) --dist loadgroup
+XDIST       := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # The NVRx release the image ships (Dockerfile NVRX_VERSION); installed by tools/install_nvrx.py.
 NVRX_VERSION := 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20

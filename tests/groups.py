@@ -3,8 +3,12 @@
 Each test gets a group, so that a module's (or the session's) shared run or synth is started once, on one
 worker:
 - HEAVY: every module with a multi-process training run (a `slow` test, or one reading the session's
-  shared runs). They run one after another on one worker, never two at once: their timeouts are sized
-  for one run on a loaded 2-core machine, not for two runs competing;
+  shared runs). They run one after another on one worker: their timeouts are sized for one run on a
+  loaded 2-core machine beside one other worker's work;
+- SECOND_LANE: a few heavy modules that read none of the session's shared runs (each worker would start
+  its own) and assert outcomes, not seconds, run one after another on the *other* worker, first thing,
+  as the control-plane group's pods already do beside HEAVY. Without them the other worker ran out of
+  work a third of the suite before HEAVY did (`make test`, 2026-12-06: 1,088 s of tests against 1,616 s);
 - "infra": the infra tests, which read one synth of the app per session (tests/infra/conftest.py);
 - CLUSTER: every module with a test that uses the session's control plane (the `control_plane` fixture of
   tests/conftest.py), wherever it lives, so that one worker starts one control plane for all of them. A
@@ -16,13 +20,27 @@ Registered in tests/conftest.py; does nothing outside an xdist worker of `--dist
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import pytest
 from _pytest.nodeid import NodeId
 
+_T = TypeVar("_T")
+
 HEAVY = "heavy"
+SECOND_LANE = "heavy-2"
+SECOND_LANE_MODULES = frozenset(
+    {
+        "tests/examples/test_gpt2_faults.py",  # its own clean and faulted pods runs, outcomes only
+        "tests/trainer/checkpoint/test_ckpt_dist.py",  # mp ranks, no launcher, outcomes only
+    }
+)
+"""The heavy modules of SECOND_LANE; about as many seconds as the other worker had spare."""
 CLUSTER = "controlplane"
+FIRST = (HEAVY, SECOND_LANE, CLUSTER)
+"""Scheduled first, in this order (make test runs xdist with --no-loadscope-reorder): HEAVY and SECOND_LANE
+start on different workers, and the long groups never start last."""
 CONTROL_PLANE_FIXTURE = "control_plane"
 SHARED_RUNS = frozenset({"clean_run", "faulty_run", "pods_clean_run"})
 """Session fixtures of tests/trainer/conftest.py that start a multi-process run."""
@@ -47,7 +65,7 @@ def group_of(nodeid: str, heavy_modules: Iterable[str], cluster_modules: Iterabl
     if module in cluster_modules:
         return CLUSTER
     if module in heavy_modules:
-        return HEAVY
+        return SECOND_LANE if module in SECOND_LANE_MODULES else HEAVY
     if module.startswith("tests/infra/"):
         return "infra"
     return module
@@ -59,11 +77,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     heavy_modules = {module_of(item.nodeid) for item in items if is_heavy(item)}
     cluster_modules = {module_of(item.nodeid) for item in items if uses_control_plane(item)}
+    groups: dict[int, str] = {}
     for item in items:
-        group = group_of(item.nodeid, heavy_modules, cluster_modules)
+        group = groups[id(item)] = group_of(item.nodeid, heavy_modules, cluster_modules)
         item.add_marker(pytest.mark.xdist_group(group))
         # The controller schedules by the suffix `@<group>` of each test's id. xdist 3.8 appends it to
         # `item._nodeid`, which pytest 9 no longer reads (the id lives in `item._id`): without this
         # every test was scheduled alone, and the session's shared runs ran once per worker.
         if "@" not in item.nodeid.rsplit("]", 1)[-1]:
             item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+    items[:] = scheduling_order(items, lambda item: groups[id(item)])
+
+
+def scheduling_order(items: list[_T], group: Callable[[_T], str]) -> list[_T]:
+    """The items grouped as xdist schedules them: FIRST's groups in that order, then the others by their
+    number of tests, most first (xdist's own reordering, which --no-loadscope-reorder turns off), each
+    group's tests in their collection order."""
+    members: dict[str, list[_T]] = {}
+    for item in items:
+        members.setdefault(group(item), []).append(item)
+    first = [g for g in FIRST if g in members]
+    rest = sorted((g for g in members if g not in FIRST), key=lambda g: -len(members[g]))
+    return [item for g in first + rest for item in members[g]]

@@ -31,3 +31,22 @@ def test_this_test_is_scheduled_by_its_group(request: pytest.FixtureRequest) -> 
         pytest.skip("checks the scheduling of make test's xdist workers (run with -n 2 --dist loadgroup)")
     # The suffix is what xdist's controller groups by; without it each test is scheduled alone.
     assert request.node.nodeid.endswith("@tests/test_groups.py")
+
+
+def test_the_second_lane_takes_its_heavy_modules_and_the_long_groups_are_scheduled_first() -> None:
+    from tests.groups import FIRST, SECOND_LANE, SECOND_LANE_MODULES, scheduling_order
+
+    lane_module = sorted(SECOND_LANE_MODULES)[0]
+    heavy = {lane_module, "tests/trainer/runtime/test_exact_resume.py"}
+    assert group_of(f"{lane_module}::test_a", heavy) == SECOND_LANE
+    assert group_of("tests/trainer/runtime/test_exact_resume.py::test_b", heavy) == HEAVY
+    # Only a heavy module goes to the lane: listed but without a training run here, it is its own group.
+    assert group_of(f"{lane_module}::test_a", set()) == lane_module
+    assert FIRST[:2] == (HEAVY, SECOND_LANE)
+
+    items = ["small::1", "infra::1", "lane::1", "infra::2", "heavy::1", "cluster::1", "lane::2", "infra::3"]
+    group = {"small": "tests/x.py", "infra": "infra", "lane": SECOND_LANE, "heavy": HEAVY, "cluster": CLUSTER}
+    order = scheduling_order(items, lambda item: group[item.split("::")[0]])
+    assert order == [
+        "heavy::1", "lane::1", "lane::2", "cluster::1", "infra::1", "infra::2", "infra::3", "small::1",
+    ]  # fmt: skip

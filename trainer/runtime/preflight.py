@@ -225,5 +225,12 @@ def preflight(
         entry_check(job_config(cfg), world)
     check_dirs(cfg)
     check_fault_targets(cfg, world)
-    check_metrics_port(cfg.metrics.port, env, try_bind=check_config or env.get("LOCAL_RANK", "0") == "0")
+    # Only a starting worker waits for a port in use: its predecessor's endpoint may still be exiting.
+    # The init container's check has no predecessor in the pod and answers at once.
+    check_metrics_port(
+        cfg.metrics.port,
+        env,
+        try_bind=check_config or env.get("LOCAL_RANK", "0") == "0",
+        wait_s=0.0 if check_config else PORT_RELEASE_WAIT_S,
+    )
     return world
