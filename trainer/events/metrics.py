@@ -186,6 +186,17 @@ def _kept_steps(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [last[s] for s in sorted(last)]
 
 
+def _fault_identity(fault: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a fault's report that name it: what, at which step, on which ranks, when."""
+    return {
+        "type": fault["fault"],
+        "step": fault["step"],
+        "rank": fault["rank"],
+        "ranks": fault.get("ranks", [fault["rank"]]),
+        "t": float(fault["t"]),
+    }
+
+
 def _fault_report(
     fault: dict[str, Any],
     next_fault_t: float,
@@ -233,11 +244,7 @@ def _fault_report(
     high = max(done_before, default=-1)
     progress = next((s for s in after if int(s["step"]) > high), None)
     return {
-        "type": fault["fault"],
-        "step": fault["step"],
-        "rank": fault["rank"],
-        "ranks": fault.get("ranks", [fault["rank"]]),
-        "t": t_fault,
+        **_fault_identity(fault),
         "tier": tier,
         "detection_s": float(detected["t"]) - t_fault if detected is not None else None,
         "detection_reason": detected.get("reason") if detected is not None else None,
@@ -267,11 +274,7 @@ def _slow_report(
         None,
     )
     return {
-        "type": fault["fault"],
-        "step": fault["step"],
-        "rank": fault["rank"],
-        "ranks": fault.get("ranks", [fault["rank"]]),
-        "t": t_fault,
+        **_fault_identity(fault),
         "tier": None,
         "detection_s": float(found["t"]) - t_fault if found is not None else None,
         "detection_reason": f"straggler at step {found['step']}: {found['action']}" if found else None,

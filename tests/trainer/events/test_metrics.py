@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.trainer.events.events import event as _ev
 from trainer.events.metrics import (
     COMMON_FIELDS,
     EventLog,
@@ -25,19 +26,6 @@ def _write(path: Path, events: list[dict[str, Any]], torn_tail: bool = False) ->
     if torn_tail:
         text += '{"ev": "step", "t": 1'  # a process killed in the middle of a write
     path.write_text(text)
-
-
-def _ev(
-    ev: str, t: float, rank: int = 0, restart: int = 0, iteration: int = 0, **fields: Any
-) -> dict[str, Any]:
-    return {
-        "ev": ev,
-        "t": t,
-        "rank": rank,
-        "pid": 1000 + restart,
-        "restart": restart,
-        "iteration": iteration,
-    } | fields
 
 
 def _step(step: int, t0: float, t1: float, restart: int = 0, iteration: int = 0) -> dict[str, Any]:

@@ -10,19 +10,9 @@ from typing import Any
 
 import pytest
 
+from tests.trainer.events.events import event as _ev
 from trainer.events.metrics import summarize, summarize_events
 from trainer.events.metrics_fold import RunFold
-
-
-def _ev(ev: str, t: float, rank: int = 0, restart: int = 0, **fields: Any) -> dict[str, Any]:
-    return {
-        "ev": ev,
-        "t": t,
-        "rank": rank,
-        "pid": 1000 + restart,
-        "restart": restart,
-        "iteration": 0,
-    } | fields
 
 
 def _step(step: int, t0: float, t1: float, restart: int = 0, straggler_s: float = 0.0) -> dict[str, Any]:
