@@ -41,6 +41,12 @@ def _children(of: int) -> list[tuple[int, str]]:
     return found
 
 
+def children_now() -> frozenset[int]:
+    """This process's children at this moment. A supervisor started inside a process that already has
+    children of its own (a test runner, a team's wrapper) keeps them: they are nobody's leftovers."""
+    return frozenset(pid for pid, _ in _children(os.getpid()))
+
+
 def reap_orphans(keep: set[int] | frozenset[int]) -> None:
     """Reap the exited orphans reparented here (zombies), never a process in `keep`."""
     for pid, state in _children(os.getpid()):

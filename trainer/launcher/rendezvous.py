@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainer.launcher.beat import rdzv_endpoint
-from trainer.launcher.reaping import become_subreaper, end_orphans, reap_orphans
+from trainer.launcher.reaping import become_subreaper, children_now, end_orphans, reap_orphans
 from trainer.launcher.standby import STANDBY_DELAY_S, STANDBY_FLAG, Standby, await_start, begin
 
 EPOCH_KEY = "trainer/rendezvous/epoch"
@@ -115,6 +115,8 @@ class Keeper:
         self.stopping = False
         self.standby: Standby | None = None
         self.serving: subprocess.Popen[bytes] | None = None
+        self.own: frozenset[int] = frozenset()
+        """This process's children before the service's first start: never a dead service's leftovers."""
 
     def forward(self, signum: int, _frame: object = None) -> None:
         """SIGTERM/SIGINT for the pod: the serving process ends the service; nothing is handed over."""
@@ -128,6 +130,7 @@ class Keeper:
         become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.forward)
+        self.own = children_now()
         try:
             self.serving = self._start()
             if self.stopping:  # signalled before there was a process to forward it to
@@ -138,7 +141,7 @@ class Keeper:
                     return 128 - rc if rc < 0 else rc
                 # A dead service's own children (NVRx's log servers) are ended with it: one might
                 # hold its port.
-                end_orphans(self._standby_pids())
+                end_orphans(self._standby_pids() | self.own)
                 self.handovers += 1
                 self.log(
                     f"the serving process ended (signal {-rc}); its standby takes the port "
@@ -169,7 +172,7 @@ class Keeper:
                 due = time.monotonic() + STANDBY_DELAY_S
             if self.standby is None and due is not None and time.monotonic() >= due:
                 self.standby = Standby(self.standby_command)
-            reap_orphans({serving.pid} | self._standby_pids())
+            reap_orphans({serving.pid} | self._standby_pids() | self.own)
             time.sleep(poll_s)
         return rc
 

@@ -65,7 +65,7 @@ from typing import Any
 
 from trainer.launcher.podfiles import write_atomically
 from trainer.launcher.presence import PRESENCE_PORT_ENV, PresenceListener
-from trainer.launcher.reaping import become_subreaper, end_orphans, reap_orphans
+from trainer.launcher.reaping import become_subreaper, children_now, end_orphans, reap_orphans
 from trainer.launcher.standby import STANDBY_DELAY_S, STANDBY_FLAG, Standby
 
 SUPERVISOR_PID_ENV = "TRAINER_SUPERVISOR_PID"
@@ -315,7 +315,11 @@ class Supervisor:
         return started + STANDBY_LATE_S if not self.endpoint else None
 
     def _run(self, keep: Kept) -> int:
-        kept = keep if callable(keep) else lambda: keep
+        own = children_now()  # there before ft_launcher: none of them can be its leftovers
+
+        def kept() -> frozenset[int]:
+            return (keep() if callable(keep) else keep) | own
+
         env = {
             **os.environ,
             SUPERVISOR_PID_ENV: str(os.getpid()),
