@@ -33,6 +33,9 @@ from trainer.state.save_dict import Stager
 
 log = logging.getLogger(__name__)
 
+CLOSE_PRIORITY = 20
+"""multiprocessing's exit priority of the shared NVRx worker's close: above a Queue's own (10)."""
+
 __all__ = ["CheckpointWriteError", "NvrxBackend", "SyncBackend", "TorchAsyncBackend", "make_backend"]
 
 
@@ -226,8 +229,10 @@ class NvrxBackend:
                 cls._prewarm.start()
                 # Not atexit: multiprocessing joins live non-daemon children (NVRx 0.4.1's worker is one)
                 # before atexit handlers run, and in a multiprocessing child it never runs them at all.
-                # Its finalizers with a priority run before that join.
-                multiprocessing.util.Finalize(None, _close_shared_queue, exitpriority=10)
+                # Its finalizers with a priority run before that join, the highest first: above the
+                # queues' own (10, which end their feeder threads: a DONE put after them was never sent,
+                # and every completed rank waited out the 5 s join below, then killed the worker).
+                multiprocessing.util.Finalize(None, _close_shared_queue, exitpriority=CLOSE_PRIORITY)
             return cls._queue
 
     @classmethod

@@ -69,3 +69,11 @@ def test_a_launcher_reaching_a_rendezvous_closed_by_a_failure_waits_for_the_fres
     started = time.monotonic()
     assert not wait_past_failed_rendezvous(f"127.0.0.1:{graceful_port}", "job-a", 5.0)
     assert time.monotonic() - started < 2.0
+
+
+def test_a_launcher_that_hosts_the_store_does_not_wait_to_ask_it() -> None:
+    """Nothing listens yet where a launcher will host the store itself (a local run): the check before it
+    joins gives up at once, not after a store client's connect timeout (2 s of every such start)."""
+    started = time.monotonic()
+    assert not wait_past_failed_rendezvous(f"127.0.0.1:{free_port()}", "job-a", 5.0)
+    assert time.monotonic() - started < 0.5
