@@ -34,9 +34,12 @@ SECOND_LANE_MODULES = frozenset(
     {
         "tests/examples/test_gpt2_faults.py",  # its own clean and faulted pods runs, outcomes only
         "tests/trainer/checkpoint/test_ckpt_dist.py",  # mp ranks, no launcher, outcomes only
+        "tests/trainer/checkpoint/test_ckpt_faults.py",  # its own fault chain, outcomes only
+        "tests/trainer/runtime/test_guard_rollback.py",  # its own NaN-and-kill run, outcomes only
     }
 )
-"""The heavy modules of SECOND_LANE; about as many seconds as the other worker had spare."""
+"""The heavy modules of SECOND_LANE; about as many seconds as the other worker had spare (measured with
+`-v --durations=0`: the heavy group's tests against everything else's)."""
 CLUSTER = "controlplane"
 FIRST = (HEAVY, SECOND_LANE, CLUSTER)
 """Scheduled first, in this order (make test runs xdist with --no-loadscope-reorder): HEAVY and SECOND_LANE
