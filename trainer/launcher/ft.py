@@ -4,6 +4,8 @@ launcher patches of trainer/launcher/patches.py:
 * `skip_idle_group_grace`: no 1 s sleep after stopping a worker group that has already exited;
 * `sync_before_round_wait`: no 1 s sleep in the rendezvous' Step 0 before joining a round that is
   already open (both: docs/nvrx-restart-sleeps.md);
+* `no_exit_grace_alone`: a launcher that hosts the store of a one-node job exits without NVRx's 3 s wait
+  for other nodes to read it (there are none: every local run of the pod command);
 * `quick_rendezvous_polls`: a launcher waiting for a round to open (a hot spare, all the while the job
   trains) looks every `launcher_poll_s` (50 ms in a small job, NVRx's 1 s at 2,000 nodes), so a node
   loss's new round closes as soon as the spare can join it;
@@ -43,6 +45,7 @@ def main(argv: list[str]) -> int:
         claim_previous_rank,
         launcher_poll_s,
         max_nodes,
+        no_exit_grace_alone,
         quick_rendezvous_polls,
         skip_idle_group_grace,
         sticky_group_ranks,
@@ -59,6 +62,7 @@ def main(argv: list[str]) -> int:
     from trainer.resilience.liveness import LIVENESS_STORE_ENV, parse_endpoint
 
     skip_idle_group_grace(launcher)
+    no_exit_grace_alone(launcher, max_nodes(argv[1:]))
     sync_before_round_wait(ft_rendezvous_barrier)
     # A standby spare looks for the next round every 50 ms in a small job (NVRx: 1 s), scaled to NVRx's
     # own 1 s at 2,000 nodes.

@@ -16,6 +16,9 @@ names its upstream report and the canary test that fails once NVRx no longer nee
   launcher) with the claims `sticky_group_ranks` reads: a replaced rendezvous service ranks the pods as
   the old one did (docs/nvrx-group-rank-shift.md); NVRx keeps no such memory by design (its host is a
   training node), so the test is tests/trainer/launcher/test_sticky_ranks.py::test_a_new_host_honours_claims.
+* `no_exit_grace_alone` (launcher.launch_agent's store-host grace, the launcher module's `time.sleep` in
+  its `_wait_grace` thread, only in a job of one node): docs/nvrx-restart-sleeps.md; canary
+  tests/trainer/launcher/test_patches.py::test_nvrx_store_host_as_shipped_waits_3_s_at_exit.
 * `quick_rendezvous_polls` (the barrier module's `time.sleep` and `_compute_step2_poll_interval`, in the
   rendezvous service, and with a poll scaled by the job size in every launcher):
   docs/nvrx-restart-sleeps.md; canary
@@ -337,4 +340,49 @@ def quick_rendezvous_polls(barrier_module: Any, poll_s: float = HOST_POLL_S) -> 
         return max(poll_s, min(float(segment_check_interval), min_nodes / 2000.0))
 
     state._compute_step2_poll_interval = staticmethod(step2_poll_interval)
+    return True
+
+
+# ------------------------------------------------------------------ launcher: the store host's exit
+# NVRx 0.7's `launch_agent`, in a launcher that hosts the rendezvous store, waits a fixed 3.0 s before it
+# exits (a thread running `_wait_grace`: `time.sleep(grace_period)`), so that other nodes can read the
+# store's final state before the store goes with the process. In a job of one node there is nobody else
+# to read it: 3 s of every completed or failed single-node run (every local run of the pod command).
+# Launchers of a multi-node job (and every pod under the chart, whose store the rendezvous service hosts)
+# keep NVRx's wait.
+
+GRACE_THREAD_TARGET = "_wait_grace"
+
+
+def no_exit_grace_alone(launcher_module: Any, max_nodes: int | None) -> bool:
+    """In a job of at most one node, the store host's exit grace returns at once; every other sleep of
+    the launcher module is the real one. Returns whether the installed NVRx has the grace (False: nothing
+    patched)."""
+    import inspect
+    import threading
+    import time as _time
+    import types
+
+    launch = getattr(launcher_module, "launch_agent", None)
+    real_time = getattr(launcher_module, "time", None)
+    if launch is None or real_time is None or max_nodes != 1:
+        return False
+    if getattr(real_time, "_no_exit_grace", False):
+        return True
+    try:
+        if GRACE_THREAD_TARGET not in inspect.getsource(launch):
+            return False
+    except (OSError, TypeError):
+        return False
+
+    def sleep(seconds: float) -> None:
+        # Python names a thread after its target: "Thread-N (_wait_grace)".
+        if threading.current_thread().name.endswith(f"({GRACE_THREAD_TARGET})"):
+            return
+        _time.sleep(seconds)
+
+    patched = types.SimpleNamespace(**{n: getattr(_time, n) for n in dir(_time) if not n.startswith("_")})
+    patched.sleep = sleep
+    patched._no_exit_grace = True
+    launcher_module.time = patched
     return True

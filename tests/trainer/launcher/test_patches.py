@@ -23,7 +23,12 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
-from trainer.launcher.patches import beat_after_rendezvous, skip_idle_group_grace
+from trainer.launcher.patches import (
+    GRACE_THREAD_TARGET,
+    beat_after_rendezvous,
+    no_exit_grace_alone,
+    skip_idle_group_grace,
+)
 
 
 @pytest.fixture
@@ -226,3 +231,45 @@ def test_nvrx_barrier_rendezvous_still_sends_no_keep_alives() -> None:
     source = inspect.getsource(ft_rendezvous_barrier)
     assert "keep_alive_interval: timedelta" in source  # the setting is still declared ...
     assert ".keep_alive_interval" not in source and ".keep_alive_max_attempt" not in source  # ... unread
+
+
+def test_nvrx_store_host_as_shipped_waits_3_s_at_exit() -> None:
+    """Canary: the launcher that hosts the store waits a fixed 3 s in a `_wait_grace` thread before it
+    exits, whatever the job's size. Fails once NVRx changes that: review `no_exit_grace_alone` then."""
+    import inspect
+
+    from nvidia_resiliency_ext.fault_tolerance import launcher as module
+
+    source = inspect.getsource(module.launch_agent)
+    assert "grace_period = 3.0" in source
+    assert f"def {GRACE_THREAD_TARGET}()" in source and "time.sleep(grace_period)" in source
+
+
+def _slept_in_thread(module: types.ModuleType, target_name: str, seconds: float) -> float:
+    import threading
+    import time
+
+    def target() -> None:
+        module.time.sleep(seconds)
+
+    target.__name__ = target_name  # the thread is named after it, as NVRx's grace thread is
+    thread = threading.Thread(target=target, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    thread.join()
+    return time.monotonic() - started
+
+
+def test_a_one_node_store_host_exits_without_the_grace_and_other_sleeps_are_real(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nvidia_resiliency_ext.fault_tolerance import launcher as module
+
+    monkeypatch.setattr(module, "time", module.time)  # undone after the test
+    assert not no_exit_grace_alone(module, max_nodes=2)  # a multi-node job keeps NVRx's wait
+    assert not no_exit_grace_alone(module, max_nodes=None)  # so does a job of unknown size
+    assert _slept_in_thread(module, GRACE_THREAD_TARGET, 0.3) >= 0.3
+    assert no_exit_grace_alone(module, max_nodes=1) and no_exit_grace_alone(module, max_nodes=1)
+    assert _slept_in_thread(module, GRACE_THREAD_TARGET, 3.0) < 0.5
+    assert _slept_in_thread(module, "monitor", 0.3) >= 0.3  # any other thread's sleep is the real one
+    assert module.time.monotonic() > 0  # the rest of time is the real module's
