@@ -36,6 +36,8 @@ SECOND_LANE_MODULES = frozenset(
         "tests/trainer/checkpoint/test_ckpt_dist.py",  # mp ranks, no launcher, outcomes only
         "tests/trainer/checkpoint/test_ckpt_faults.py",  # its own fault chain, outcomes only
         "tests/trainer/runtime/test_guard_rollback.py",  # its own NaN-and-kill run, outcomes only
+        "tests/trainer/runtime/test_read_only_root.py",  # its own pod-command run, outcomes only
+        "tests/trainer/events/test_prometheus_scrape.py",  # its own run and Prometheus, what it stored
     }
 )
 """The heavy modules of SECOND_LANE; about as many seconds as the other worker had spare (measured with
