@@ -1,19 +1,20 @@
-"""A pytest plugin: which tests `make test`'s two xdist workers run together (`--dist loadgroup`).
+"""A pytest plugin: which tests `make test`'s xdist workers run together (`--dist loadgroup`).
 
 Each test gets a group, so that a module's (or the session's) shared run or synth is started once, on one
 worker:
 - HEAVY: every module with a multi-process training run (a `slow` test, or one reading the session's
   shared runs). They run one after another on one worker: their timeouts are sized for one run on a
-  loaded 2-core machine beside one other worker's work;
-- SECOND_LANE: a few heavy modules that read none of the session's shared runs (each worker would start
-  its own) and assert outcomes, not seconds, run one after another on the *other* worker, first thing,
-  as the control-plane group's pods already do beside HEAVY. Without them the other worker ran out of
-  work a third of the suite before HEAVY did (`make test`, 2026-12-06: 1,088 s of tests against 1,616 s);
+  loaded 2-core machine beside the other workers' work;
+- SECOND_LANE: heavy modules that read no shared run of HEAVY's (a run read from two groups is started
+  twice: collection stops with the run's name) and assert outcomes, not seconds, run one after another
+  on a second worker, beside HEAVY. `make test` runs three workers: the two lanes and the light groups.
+  With one heavy lane the suite was that lane (2026-12-06: 932 s of its tests in a 951 s suite while
+  the CPUs were 60 % busy);
 - "infra": the infra tests, which read one synth of the app per session (tests/infra/conftest.py);
 - CLUSTER: every module with a test that uses the session's control plane (the `control_plane` fixture of
   tests/conftest.py), wherever it lives, so that one worker starts one control plane for all of them. A
   module both HEAVY and CLUSTER goes to CLUSTER: a second control plane would cost more than the overlap;
-- every other module is its own group: the other worker takes them while HEAVY runs.
+- every other module is its own group: the third worker takes them while the lanes run.
 
 Registered in tests/conftest.py; does nothing outside an xdist worker of `--dist loadgroup`.
 """
@@ -38,10 +39,17 @@ SECOND_LANE_MODULES = frozenset(
         "tests/trainer/runtime/test_guard_rollback.py",  # its own NaN-and-kill run, outcomes only
         "tests/trainer/runtime/test_read_only_root.py",  # its own pod-command run, outcomes only
         "tests/trainer/events/test_prometheus_scrape.py",  # its own run and Prometheus, what it stored
+        # The two readers of `pods_clean_run` (make test collects no other): together, or it runs twice.
+        "tests/trainer/launcher/test_no_single_point.py",
+        "tests/trainer/resilience/test_straggler_evict.py",
+        "tests/bench/test_recovery_run.py",  # one bench scenario, measured and checked for consistency
+        "tests/trainer/health/test_refused_at_rendezvous.py",  # its own pods, outcomes only
+        "tests/trainer/checkpoint/test_ckpt_wait.py",  # its own slow-peer runs, outcomes only
+        "tests/trainer/api/test_job_loop.py",  # a team's loop, its own runs
     }
 )
-"""The heavy modules of SECOND_LANE; about as many seconds as the other worker had spare (measured with
-`-v --durations=0`: the heavy group's tests against everything else's)."""
+"""The heavy modules of SECOND_LANE: about half of the heavy groups' seconds (measured with `-v
+--durations=0`), so that the two lanes and the third worker's light groups end together."""
 CLUSTER = "controlplane"
 FIRST = (HEAVY, SECOND_LANE, CLUSTER)
 """Scheduled first, in this order (make test runs xdist with --no-loadscope-reorder): HEAVY and SECOND_LANE
@@ -91,7 +99,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # every test was scheduled alone, and the session's shared runs ran once per worker.
         if "@" not in item.nodeid.rsplit("]", 1)[-1]:
             item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+    split = shared_runs_split(items, lambda item: groups[id(item)])
+    if split:  # each worker would start the run once more: minutes of the suite
+        raise pytest.UsageError(f"tests/groups.py: a shared run is read from more than one group: {split}")
     items[:] = scheduling_order(items, lambda item: groups[id(item)])
+
+
+def shared_runs_split(items: list[pytest.Item], group: Callable[[pytest.Item], str]) -> dict[str, list[str]]:
+    """The shared runs (SHARED_RUNS) that tests of more than one group read, each with those groups."""
+    readers: dict[str, set[str]] = {}
+    for item in items:
+        for run in SHARED_RUNS & set(getattr(item, "fixturenames", ())):
+            readers.setdefault(run, set()).add(group(item))
+    return {run: sorted(groups) for run, groups in readers.items() if len(groups) > 1}
 
 
 def scheduling_order(items: list[_T], group: Callable[[_T], str]) -> list[_T]:

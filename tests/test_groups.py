@@ -8,9 +8,9 @@ from tests.groups import CLUSTER, HEAVY, group_of
 
 
 def test_heavy_modules_share_one_group_infra_another_and_the_rest_their_own() -> None:
-    heavy = {"tests/trainer/runtime/test_exact_resume.py", "tests/bench/test_recovery_run.py"}
+    heavy = {"tests/trainer/runtime/test_exact_resume.py", "tests/trainer/resilience/test_inprocess.py"}
     assert group_of("tests/trainer/runtime/test_exact_resume.py::test_x[a]", heavy) == HEAVY
-    assert group_of("tests/bench/test_recovery_run.py::test_y", heavy) == HEAVY
+    assert group_of("tests/trainer/resilience/test_inprocess.py::test_y", heavy) == HEAVY
     assert group_of("tests/infra/test_stacks.py::test_z", heavy) == "infra"
     assert group_of("tests/chart/test_lint.py::test_w", heavy) == "tests/chart/test_lint.py"
 
@@ -28,7 +28,7 @@ def test_every_module_on_the_control_plane_shares_one_group_even_a_heavy_one() -
 
 def test_this_test_is_scheduled_by_its_group(request: pytest.FixtureRequest) -> None:
     if not getattr(request.config.option, "loadgroup", False):
-        pytest.skip("checks the scheduling of make test's xdist workers (run with -n 2 --dist loadgroup)")
+        pytest.skip("checks the scheduling of make test's xdist workers (run with -n 3 --dist loadgroup)")
     # The suffix is what xdist's controller groups by; without it each test is scheduled alone.
     assert request.node.nodeid.endswith("@tests/test_groups.py")
 
@@ -50,3 +50,19 @@ def test_the_second_lane_takes_its_heavy_modules_and_the_long_groups_are_schedul
     assert order == [
         "heavy::1", "lane::1", "lane::2", "cluster::1", "infra::1", "infra::2", "infra::3", "small::1",
     ]  # fmt: skip
+
+
+def test_a_shared_run_read_from_two_groups_is_found() -> None:
+    from types import SimpleNamespace
+
+    from tests.groups import SECOND_LANE, shared_runs_split
+
+    items = [
+        SimpleNamespace(nodeid="a.py::t", fixturenames=["pods_clean_run", "tmp_path"]),
+        SimpleNamespace(nodeid="b.py::t", fixturenames=["pods_clean_run"]),
+        SimpleNamespace(nodeid="c.py::t", fixturenames=["clean_run"]),
+        SimpleNamespace(nodeid="d.py::t", fixturenames=["clean_run"]),
+    ]
+    group = {"a.py": SECOND_LANE, "b.py": HEAVY, "c.py": HEAVY, "d.py": HEAVY}
+    split = shared_runs_split(items, lambda item: group[item.nodeid.split("::")[0]])  # type: ignore[arg-type]
+    assert split == {"pods_clean_run": sorted([SECOND_LANE, HEAVY])}
