@@ -57,6 +57,7 @@ start on different workers, and the long groups never start last."""
 CONTROL_PLANE_FIXTURE = "control_plane"
 SHARED_RUNS = frozenset({"clean_run", "faulty_run", "pods_clean_run"})
 """Session fixtures of tests/trainer/conftest.py that start a multi-process run."""
+_SPLIT_RUNS = pytest.StashKey[dict[str, list[str]]]()
 
 
 def module_of(nodeid: str) -> str:
@@ -99,10 +100,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # every test was scheduled alone, and the session's shared runs ran once per worker.
         if "@" not in item.nodeid.rsplit("]", 1)[-1]:
             item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
-    split = shared_runs_split(items, lambda item: groups[id(item)])
-    if split:  # each worker would start the run once more: minutes of the suite
-        raise pytest.UsageError(f"tests/groups.py: a shared run is read from more than one group: {split}")
     items[:] = scheduling_order(items, lambda item: groups[id(item)])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Here, not above: this plugin's grouping runs first, before `-m` deselects (the soak tests).
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    session.config.stash[_SPLIT_RUNS] = shared_runs_split(
+        session.items, lambda item: item.nodeid.rsplit("@", 1)[-1]
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that reads a shared run of several groups fails before the run starts (once more, on each
+    worker that takes one of those groups: minutes of the suite), naming the run and its groups."""
+    split = item.config.stash.get(_SPLIT_RUNS, {})
+    runs = sorted(set(split) & set(getattr(item, "fixturenames", ())))
+    if runs:
+        pytest.fail(
+            f"tests/groups.py: the shared run {runs[0]} is read from the groups {split[runs[0]]}: "
+            "put its readers in one group",
+            pytrace=False,
+        )
 
 
 def shared_runs_split(items: list[pytest.Item], group: Callable[[pytest.Item], str]) -> dict[str, list[str]]:
