@@ -15,11 +15,10 @@ CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
 NAMESPACE   ?= ml-research
 PYTEST_ARGS ?=
-# make test and test-fast run three pytest workers (xdist) on the 2 cores: most of a fault test is waiting
-# (timeouts, process start-up). tests/groups.py puts the multi-process training runs in two lanes, one
-# after another on each of two workers, and the rest on the third. --no-loadscope-reorder: the groups
-# start in tests/groups.py's order.
-PYTEST_WORKERS ?= 3
+# make test and test-fast run two pytest workers (xdist); tests/groups.py groups the tests so that most
+# multi-process training runs go one after another on one worker while the other takes a second lane of
+# them first, then the rest. --no-loadscope-reorder: the groups start in tests/groups.py's order.
+PYTEST_WORKERS ?= 2
 XDIST       := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # The NVRx release the image ships (Dockerfile NVRX_VERSION); installed by tools/install_nvrx.py.
 NVRX_VERSION := 0.7.0

@@ -4,17 +4,18 @@ Each test gets a group, so that a module's (or the session's) shared run or synt
 worker:
 - HEAVY: every module with a multi-process training run (a `slow` test, or one reading the session's
   shared runs). They run one after another on one worker: their timeouts are sized for one run on a
-  loaded 2-core machine beside the other workers' work;
-- SECOND_LANE: heavy modules that read no shared run of HEAVY's (a run read from two groups is started
-  twice: collection stops with the run's name) and assert outcomes, not seconds, run one after another
-  on a second worker, beside HEAVY. `make test` runs three workers: the two lanes and the light groups.
-  With one heavy lane the suite was that lane (2026-12-06: 932 s of its tests in a 951 s suite while
-  the CPUs were 60 % busy);
+  loaded 2-core machine beside the other worker's work;
+- SECOND_LANE: heavy modules that read no shared run of HEAVY's (a run read from two groups would be
+  started twice: such a test fails before it starts, naming the run) and assert outcomes, not seconds,
+  run one after another on the *other* worker, first thing, beside HEAVY; the other worker's light
+  groups follow. Without them the other worker ran out of work a third of the suite before HEAVY did.
+  Three workers (two lanes and the light groups) were tried and lost: 1,064 s against 951 s, every run
+  about twice as slow at load 13-15 (2026-12-06);
 - "infra": the infra tests, which read one synth of the app per session (tests/infra/conftest.py);
 - CLUSTER: every module with a test that uses the session's control plane (the `control_plane` fixture of
   tests/conftest.py), wherever it lives, so that one worker starts one control plane for all of them. A
   module both HEAVY and CLUSTER goes to CLUSTER: a second control plane would cost more than the overlap;
-- every other module is its own group: the third worker takes them while the lanes run.
+- every other module is its own group: the other worker takes them while HEAVY runs.
 
 Registered in tests/conftest.py; does nothing outside an xdist worker of `--dist loadgroup`.
 """
@@ -39,17 +40,11 @@ SECOND_LANE_MODULES = frozenset(
         "tests/trainer/runtime/test_guard_rollback.py",  # its own NaN-and-kill run, outcomes only
         "tests/trainer/runtime/test_read_only_root.py",  # its own pod-command run, outcomes only
         "tests/trainer/events/test_prometheus_scrape.py",  # its own run and Prometheus, what it stored
-        # The two readers of `pods_clean_run` (make test collects no other): together, or it runs twice.
-        "tests/trainer/launcher/test_no_single_point.py",
-        "tests/trainer/resilience/test_straggler_evict.py",
-        "tests/bench/test_recovery_run.py",  # one bench scenario, measured and checked for consistency
-        "tests/trainer/health/test_refused_at_rendezvous.py",  # its own pods, outcomes only
         "tests/trainer/checkpoint/test_ckpt_wait.py",  # its own slow-peer runs, outcomes only
-        "tests/trainer/api/test_job_loop.py",  # a team's loop, its own runs
     }
 )
-"""The heavy modules of SECOND_LANE: about half of the heavy groups' seconds (measured with `-v
---durations=0`), so that the two lanes and the third worker's light groups end together."""
+"""The heavy modules of SECOND_LANE: about what the other worker's light groups leave of HEAVY's time
+(measured with `-v --durations=0`), so that both workers end together."""
 CLUSTER = "controlplane"
 FIRST = (HEAVY, SECOND_LANE, CLUSTER)
 """Scheduled first, in this order (make test runs xdist with --no-loadscope-reorder): HEAVY and SECOND_LANE

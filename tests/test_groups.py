@@ -28,7 +28,7 @@ def test_every_module_on_the_control_plane_shares_one_group_even_a_heavy_one() -
 
 def test_this_test_is_scheduled_by_its_group(request: pytest.FixtureRequest) -> None:
     if not getattr(request.config.option, "loadgroup", False):
-        pytest.skip("checks the scheduling of make test's xdist workers (run with -n 3 --dist loadgroup)")
+        pytest.skip("checks the scheduling of make test's xdist workers (run with -n 2 --dist loadgroup)")
     # The suffix is what xdist's controller groups by; without it each test is scheduled alone.
     assert request.node.nodeid.endswith("@tests/test_groups.py")
 
