@@ -110,6 +110,14 @@ def of(evs: list[dict[str, Any]], ev: str, **match: Any) -> list[dict[str, Any]]
     return [e for e in evs if e["ev"] == ev and all(e.get(k) == v for k, v in match.items())]
 
 
+def newest_commit_before(evs: list[dict[str, Any]], t: float) -> int:
+    """The newest checkpoint step committed before time `t` (-1: none): what a restore at `t` loads.
+    nvrx commits a save some steps after it starts it, how many depends on the machine's load: a fault at
+    the step after a save started usually finds the previous one newest, but not surely (a suite saw the
+    save after step 5 committed before the exception at step 6)."""
+    return max((int(e["step"]) for e in of(evs, "ckpt_commit") if float(e["t"]) < t), default=-1)
+
+
 def assert_completed(out: Path, log: Path, steps: int = STEPS) -> dict[str, Any]:
     """The run ended with every step done by rank 0 and both ranks reporting completion."""
     summary = json.loads((out / "summary.json").read_text())

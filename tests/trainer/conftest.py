@@ -62,7 +62,8 @@ def clean_run(token_file: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 # The faults of `faulty_run`: an exception (tier 1, recovered in-process), later a SIGKILL (tier 2). nvrx
 # commits a save at a later step than it starts it, so each fires at the step right after a save started
-# (saves after steps 2, 5, 8, 9): at step 6 the newest committed checkpoint is surely step 2, at 9 step 5.
+# (saves after steps 2, 5, 8, 9): at step 6 the newest committed checkpoint is usually step 2, at 9 step 5
+# (how many steps a commit takes depends on the load: the tests read which one it was).
 FAULTY_RUN_FAULTS = ("--fault=exception:step=6:rank=1", "--fault=sigkill:step=9:rank=0")
 
 

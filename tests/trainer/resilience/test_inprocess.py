@@ -3,7 +3,8 @@
 Every test runs the real `python -m trainer` command line, as the chart does (helpers in _jobs.py), with
 the chart's checkpoint mode, nvrx. Its saves commit at a later step than they start, so a fault that must
 find a given checkpoint committed fires at the step right after the next save started: at the start of
-step 6 (saves after steps 2, 5, 8) step 2 is surely committed and step 5 surely not.
+step 6 (saves after steps 2, 5, 8) step 2 is committed and step 5 usually not (how many steps a commit
+takes depends on the load: the tests read which one was newest, `newest_commit_before`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer._jobs import assert_completed, log_tail, of, read_events, run_job, torchrun, trainer_args
+from tests.trainer._jobs import (
+    assert_completed,
+    log_tail,
+    newest_commit_before,
+    of,
+    read_events,
+    run_job,
+    torchrun,
+    trainer_args,
+)
 
 
 @pytest.mark.slow
@@ -36,15 +46,17 @@ def test_exception_recovers_in_process_with_the_same_pids(tmp_path: Path, token_
         assert {e["restart"] for e in starts} == {0}
         detected = of(evs, "fault_detected", rank=rank)
         assert [(d["tier"], d["iteration"]) for d in detected] == [(1, 1)]  # emitted as iteration 1 starts
-        # The new iteration reloaded the newest committed checkpoint: the one of step 2 (5 was pending).
-        assert [r["step"] for r in of(evs, "restore", rank=rank, iteration=1)] == [2]
+        # The new iteration reloaded the newest committed checkpoint (step 2; 5 was usually pending).
+        (restore,) = of(evs, "restore", rank=rank, iteration=1)
+        assert 2 <= restore["step"] == newest_commit_before(evs, restore["t"]) < 6
     assert "InjectedFault" in of(evs, "fault_detected", rank=1)[0]["reason"]
     # The peer was not left waiting for the 3 s collective timeout: it saw the closed connection.
     assert "Timed out" not in of(evs, "fault_detected", rank=0)[0]["reason"]
 
     (fault,) = summary["faults"]
     assert (fault["type"], fault["tier"], fault["recovered"]) == ("exception", 1, True)
-    assert fault["restored_step"] == 2 and fault["steps_recomputed"] == 3
+    restored = of(evs, "restore", rank=0, iteration=1)[0]["step"]
+    assert fault["restored_step"] == restored and fault["steps_recomputed"] == 6 - restored - 1
 
 
 @pytest.mark.slow
@@ -105,7 +117,8 @@ def test_single_process_without_a_launcher_recovers_in_process(tmp_path: Path, t
     evs = read_events(out)
     assert [e["iteration"] for e in of(evs, "run_start")] == [0, 1]
     assert len({e["pid"] for e in evs}) == 1
-    assert [r["step"] for r in of(evs, "restore", iteration=1)] == [2]
+    (restore,) = of(evs, "restore", iteration=1)
+    assert 2 <= restore["step"] == newest_commit_before(evs, restore["t"]) < 6
     assert of(evs, "run_end", status="completed", step=6)
 
 
