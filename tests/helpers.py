@@ -29,3 +29,9 @@ def require_tool(path: Path, what: str) -> Path:
     if os.environ.get(REQUIRE_TOOLS_ENV) == "1":
         pytest.fail(f"{message}; {REQUIRE_TOOLS_ENV}=1 requires it")
     pytest.skip(message)
+
+
+def makefile_recipe(target: str) -> str:
+    """The recipe of `target` in the repository's Makefile, up to the next blank line."""
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    return makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]

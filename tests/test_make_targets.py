@@ -7,22 +7,16 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 from _pytest.mark.expression import Expression
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _recipe(target: str) -> str:
-    makefile = (ROOT / "Makefile").read_text()
-    return makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+from tests.helpers import REPO_ROOT, makefile_recipe
 
 
 def _marker_expression(target: str) -> str | None:
     """The last `-m EXPR` of the target's pytest command, or None when it passes none."""
-    (command,) = [line for line in _recipe(target).splitlines() if "-m pytest" in line]
+    (command,) = [line for line in makefile_recipe(target).splitlines() if "-m pytest" in line]
     args = shlex.split(command.split("-m pytest", 1)[1])
     found = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "-m"]
     return found[-1] if found else None
@@ -33,7 +27,7 @@ def _selects(expression: str, *markers: str) -> bool:
 
 
 def _addopts_expression() -> str:
-    pyproject = (ROOT / "pyproject.toml").read_text()
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
     match = re.search(r"""^addopts = ".*-m '([^']+)'""", pyproject, re.M)
     assert match, "pyproject's addopts keep the soak runs out with -m"
     return match.group(1)

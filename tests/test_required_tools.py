@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REQUIRE_TOOLS_ENV, require_tool
+from tests.helpers import REQUIRE_TOOLS_ENV, makefile_recipe, require_tool
 
 
 def test_missing_tool_fails_under_make_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +31,7 @@ def test_present_tool_is_returned(tmp_path: Path) -> None:
 
 
 def test_the_makefile_requires_the_tools_for_its_test_targets() -> None:
-    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    for target in ("test:", "test-fast:"):
-        recipe = makefile.split(f"\n{target}", 1)[1].split("\n\n", 1)[0]
-        assert f"{REQUIRE_TOOLS_ENV}=1" in recipe, f"make {target[:-1]} must set {REQUIRE_TOOLS_ENV}=1"
+    for target in ("test", "test-fast"):
+        assert f"{REQUIRE_TOOLS_ENV}=1" in makefile_recipe(target), (
+            f"make {target} must set {REQUIRE_TOOLS_ENV}=1"
+        )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 from trainer.launcher.podfiles import read_claim, write_claim
@@ -326,15 +327,11 @@ def quick_rendezvous_polls(barrier_module: Any, poll_s: float = HOST_POLL_S) -> 
     if getattr(real_time, "_quick", False):
         return True
     import time as _time
-    import types
 
     def sleep(seconds: float) -> None:
         _time.sleep(min(float(seconds), poll_s))
 
-    quick = types.SimpleNamespace(**{n: getattr(_time, n) for n in dir(_time) if not n.startswith("_")})
-    quick.sleep = sleep
-    quick._quick = True
-    barrier_module.time = quick
+    barrier_module.time = _time_with_sleep(sleep, "_quick")
 
     def step2_poll_interval(min_nodes: int, segment_check_interval: float) -> float:
         return max(poll_s, min(float(segment_check_interval), min_nodes / 2000.0))
@@ -361,7 +358,6 @@ def no_exit_grace_alone(launcher_module: Any, max_nodes: int | None) -> bool:
     import inspect
     import threading
     import time as _time
-    import types
 
     launch = getattr(launcher_module, "launch_agent", None)
     real_time = getattr(launcher_module, "time", None)
@@ -381,8 +377,17 @@ def no_exit_grace_alone(launcher_module: Any, max_nodes: int | None) -> bool:
             return
         _time.sleep(seconds)
 
+    launcher_module.time = _time_with_sleep(sleep, "_no_exit_grace")
+    return True
+
+
+def _time_with_sleep(sleep: Callable[[float], None], mark: str) -> Any:
+    """A stand-in for a module's `time`: the real module's functions but `sleep`, and `mark` set (how a
+    patch finds itself already applied)."""
+    import time as _time
+    import types
+
     patched = types.SimpleNamespace(**{n: getattr(_time, n) for n in dir(_time) if not n.startswith("_")})
     patched.sleep = sleep
-    patched._no_exit_grace = True
-    launcher_module.time = patched
-    return True
+    setattr(patched, mark, True)
+    return patched

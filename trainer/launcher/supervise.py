@@ -55,7 +55,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -111,19 +110,6 @@ def _client(endpoint: str, timeout_s: float) -> Any:
     )
 
 
-def _accepts_connections(endpoint: str, timeout_s: float = 1.0) -> bool:
-    """Whether anything listens at `endpoint` (host:port). Nothing does when this launcher is to host the
-    store itself (a local run, torch's `is_host`) or the service is being replaced: a refused connect fails
-    at once here, where a TCPStore client retries it for its whole timeout (2 s of every such start)."""
-    from trainer.resilience.liveness import parse_endpoint
-
-    try:
-        with socket.create_connection(parse_endpoint(endpoint, "--rdzv-endpoint"), timeout=timeout_s):
-            return True
-    except (OSError, ValueError):
-        return False
-
-
 def read_epoch(endpoint: str, timeout_s: float = 2.0) -> str | None:
     """The rendezvous service's epoch at `endpoint` (host:port), or None when nothing answers or the store
     has no epoch (a store hosted by a launcher)."""
@@ -155,8 +141,12 @@ def wait_past_failed_rendezvous(endpoint: str, run_id: str, wait_s: float = FAIL
     closed rendezvous, lose the store when the grace ends, and fail once more, a retry wasted. Returns
     whether it waited; proceeds after `wait_s` or when nothing answers (NVRx's own connect wait then)."""
     from trainer.launcher.rendezvous import EPOCH_KEY, RESTARTED_AFTER, shutdown_reason
+    from trainer.resilience.lostpods import Presence, probe
 
-    if not _accepts_connections(endpoint):
+    # Nothing listens yet when this launcher is to host the store itself (a local run) or the service is
+    # being replaced: a refused connect answers at once, where a store client retries it for its whole
+    # timeout (2 s of every such start).
+    if probe(endpoint, timeout_s=1.0) is not Presence.THERE:
         return False
     try:
         store = _client(endpoint, 2.0)
