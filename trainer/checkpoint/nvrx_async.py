@@ -39,6 +39,11 @@ function here is a pass-through (or adds nothing), so the GPU path is NVRx as sh
    shift). -> `drain_stale_results` before each save is handed to the worker, and
    `write_results_or_raise` checks that the results tile the files this save wrote before anything is
    committed. (Not CPU-specific.)
+10. Both helpers (the persistent worker, the write-results Manager) are started with a hard-coded
+   `spawn`: two fresh interpreters importing torch per rank process, at every start and restart. ->
+   `use_helper_server` has NVRx's `spawn` start them from the pod's fork server instead, where the
+   prefork zygote started one (helper_server.py); elsewhere they are spawned as shipped. (Not
+   CPU-specific.)
 
 Only these NVRx names are used, all present in 0.4.1 and 0.7.0: AsyncCallsQueue(persistent=...),
 .schedule_async_request, .maybe_finalize_async_calls(blocking, no_dist), .get_num_unfinalized_calls,
@@ -54,6 +59,7 @@ import functools
 import inspect
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -61,6 +67,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from trainer.checkpoint import helper_server
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,7 @@ def make_async_queue() -> Any:
     """A persistent-worker AsyncCallsQueue that can start its worker on this host."""
     from nvidia_resiliency_ext.checkpointing.async_ckpt.core import AsyncCallsQueue
 
+    use_helper_server()
     kwargs: dict[str, Any] = {"persistent": True}
     params = inspect.signature(AsyncCallsQueue.__init__).parameters
     if not cuda_available() and "cpu_shm_mode" in params:
@@ -80,6 +89,31 @@ def make_async_queue() -> Any:
     if cuda_available():
         return AsyncCallsQueue(**kwargs)
     return _cpu_queue_class(AsyncCallsQueue)(**kwargs)
+
+
+class _HelperStarts:
+    """An NVRx module's `torch.multiprocessing`, whose `get_context("spawn")` is the pod's fork server
+    (helper_server.context()) while there is one; everything else is the module's own."""
+
+    def __init__(self, mp: Any) -> None:
+        self._mp = mp
+
+    def get_context(self, method: str | None = None) -> Any:
+        if method == "spawn" and (forked := helper_server.context()) is not None:
+            return forked
+        return self._mp.get_context(method)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mp, name)
+
+
+def use_helper_server() -> None:
+    """Have NVRx start its helpers from the pod's fork server while there is one (item 10)."""
+    from nvidia_resiliency_ext.checkpointing.async_ckpt import core, filesystem_async
+
+    for module in (core, filesystem_async):
+        if not isinstance(module.mp, _HelperStarts):
+            module.mp = _HelperStarts(module.mp)
 
 
 @functools.cache
@@ -266,14 +300,15 @@ def _watch_trainer(trainer_pid: int, also_kill: list[int]) -> None:
     """Runs in the worker (the warm-up request's target): exit, taking `also_kill` along, once the
     trainer process is gone; writers the worker forks die with it. Importable by name, so the spawned
     worker can unpickle it. (Not PR_SET_PDEATHSIG for the worker itself: it fires when the *thread* that
-    started the worker ends, and a short-lived thread starts it.)"""
+    started the worker ends, and a short-lived thread starts it; and a worker from the pod's fork server
+    is not the trainer's child at all.)"""
     import multiprocessing.util
 
     multiprocessing.util.register_after_fork(_AFTER_FORK, _die_with_parent)
+    wait_for_exit = _exit_waiter(trainer_pid)
 
     def watch() -> None:
-        while os.getppid() == trainer_pid:
-            time.sleep(0.5)
+        wait_for_exit()
         for pid in [*_children(os.getpid()), *also_kill]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -284,6 +319,28 @@ def _watch_trainer(trainer_pid: int, also_kill: list[int]) -> None:
     # the trainer still writes its saves with the fallback (NvrxBackend.worker_ready).
     import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async  # noqa: F401
     import torch.distributed.checkpoint  # noqa: F401
+
+
+def _exit_waiter(pid: int) -> Callable[[], None]:
+    """A function that returns once process `pid` has exited. Made while it certainly runs (the trainer
+    waits for the warm-up request): a pidfd refers to that process, never to a later one with its PID.
+    Without pidfds (Linux < 5.3), polled: the trainer is the spawned worker's parent."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return lambda: None
+    except (AttributeError, OSError):
+
+        def poll_parent() -> None:
+            while os.getppid() == pid:
+                time.sleep(0.5)
+
+        return poll_parent
+
+    def wait_readable() -> None:
+        select.select([pidfd], [], [])
+
+    return wait_readable
 
 
 PREWARM_POLL_S = 0.05

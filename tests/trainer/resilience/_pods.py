@@ -11,10 +11,10 @@ committed and 8 surely not.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from bench import podrun
 from tests.helpers import REPO_ROOT, free_port
 from tools.localpods import LocalJob, node_places, node_pod_spec
 from tools.podcommand import LocalPlaces, pod_argv, with_options
@@ -85,7 +85,7 @@ def job(
     logs in tmp_path/pod-<i>.log."""
     port = free_port()
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = podrun.pod_env(REPO_ROOT)  # the trainer's stores outside the ephemeral range (EADDRINUSE seen)
     chart_values = pod_values(nnodes, nproc, **(values or {}))
     specs = []
     for i in range(nnodes):  # each pod on a node of its own: its own NVMe and /dev/shm folders
@@ -93,8 +93,8 @@ def job(
         argv = with_options(pod_argv(chart_values, places), extra)
         # GROUP_RANK: the infrastructure rank NVRx orders a round's nodes by, so pod i starts as node i
         # (the rendezvous service ranks the launchers; none of them is pod 0 by hosting the store).
-        pod_env = {**env, "GROUP_RANK": str(i)}
-        specs.append(node_pod_spec(f"pod-{i}", argv, pod_env, tmp_path / f"pod-{i}.log", places))
+        env_i = {**env, "GROUP_RANK": str(i)}
+        specs.append(node_pod_spec(f"pod-{i}", argv, env_i, tmp_path / f"pod-{i}.log", places))
     return LocalJob(specs, host_port=port, **kw)
 
 

@@ -26,6 +26,7 @@ import time
 from typing import Any
 
 import trainer.launcher.prefork
+from trainer.checkpoint import helper_server
 from trainer.launcher.prefork import PID_ENV, SOCKET_ENV, wire
 
 PRELOAD = (
@@ -254,12 +255,8 @@ def run_module(request: dict[str, Any]) -> int:
     # Without the zygote's address: this process is the worker, and `python -m trainer` run below must
     # not hand itself to the zygote again.
     os.environ.update({k: v for k, v in env.items() if k not in (SOCKET_ENV, PID_ENV)})
-    threads = env.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        # torch read its thread count when the zygote imported it, without the launcher's value.
-        import torch
-
-        torch.set_num_threads(int(threads))
+    # torch read its thread count when the zygote imported it, without the launcher's value.
+    helper_server.apply_thread_count(env)
     spec = importlib.util.find_spec(module)
     sys.argv = [spec.origin if spec and spec.origin else module, *argv]
     sys.path[0] = cwd  # `python -m` puts the working directory first
@@ -323,6 +320,9 @@ def main(argv: list[str]) -> int:
     failed = preload(entry_module)
     for line in failed:
         print(f"prefork: not preloaded: {line}", file=sys.stderr, flush=True)
+    # Forked now, while this process is all imports and one thread: NVRx's helpers of every worker
+    # forked below start from it instead of importing torch again (trainer/checkpoint/helper_server.py).
+    helper_server.start()
     zygote = Zygote(path, parent_pid)
     zygote.bind()
     print(f"prefork: zygote ready in {time.perf_counter() - t0:.1f} s ({path})", file=sys.stderr, flush=True)
