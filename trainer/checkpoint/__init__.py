@@ -12,6 +12,7 @@
 - backends.py: how a rank writes its shards: sync (dcp.save), torch-async (dcp.async_save), nvrx (NVRx
                FileSystemWriterAsync + persistent worker; CPU workarounds in nvrx_async.py).
 - nvrx_async.py: NVRx's async-checkpoint queues made safe on CPU hosts and across 0.4.1 / 0.7.x.
+- helper_server.py: the pod's fork server (started by the prefork zygote) NVRx's helpers are forked from.
 - layout.py:   directory names, MANIFEST.json with sizes, CRC32s and the model fingerprint, commit by
                rename, retention.
 - from_snapshot.py: a save written from the snapshot of its step, in a background thread.

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 
 CLOSE_PRIORITY = 20
 """multiprocessing's exit priority of the shared NVRx worker's close: above a Queue's own (10)."""
+CLOSE_JOIN_S = 5.0
+"""How long a process's exit waits for its idle NVRx worker to end on the DONE it is sent, before it
+kills it: the worker runs at nice 10, and an exit must not wait on it for long on busy cores."""
 
 __all__ = ["CheckpointWriteError", "NvrxBackend", "SyncBackend", "TorchAsyncBackend", "make_backend"]
 
@@ -393,7 +396,7 @@ def _close_shared_queue() -> None:
 
     queue = NvrxBackend._queue
     if queue is not None:
-        nvrx_async.close_queue(queue, timeout_s=5.0)
+        nvrx_async.close_queue(queue, timeout_s=CLOSE_JOIN_S)
         NvrxBackend._queue = None
 
 

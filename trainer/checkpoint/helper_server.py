@@ -3,9 +3,8 @@
 Why: NVRx starts two helper processes per rank with multiprocessing's `spawn` (hard-coded): the persistent
 checkpoint worker and the write-results Manager. Each is a fresh interpreter that imports torch, and the
 worker DCP and NVRx, every time a rank process starts: at a run's start and again at every restart round
-of the launcher. A 10-step, two-rank run of the pod command took 24 CPU-seconds and 14 s with them, 9.7
-CPU-seconds and 6.8 s with `--ckpt-mode=sync` (no helpers), on this project's 2-core test machine; on a
-node whose cores the ranks keep busy those imports are taken from the restore they run beside.
+of the launcher, on the cores the ranks' restore needs (docs/nvrx-async-ckpt.md, item 11, has the
+measurements).
 
 How: the prefork zygote (trainer/launcher/prefork/) has imported torch, DCP and NVRx and runs no second
 thread. Before it serves, it forks multiprocessing's own fork server (`multiprocessing.forkserver.main`,

@@ -39,7 +39,10 @@ function here is a pass-through (or adds nothing), so the GPU path is NVRx as sh
    shift). -> `drain_stale_results` before each save is handed to the worker, and
    `write_results_or_raise` checks that the results tile the files this save wrote before anything is
    committed. (Not CPU-specific.)
-10. Both helpers (the persistent worker, the write-results Manager) are started with a hard-coded
+10. `schedule_async_request` returns once a request is queued, before the spawned worker has imported
+   torch: a warm-up leaves the worker's start-up to the first save. -> `prewarm` waits until the warm-up
+   call has finished (NvrxBackend.worker_ready).
+11. Both helpers (the persistent worker, the write-results Manager) are started with a hard-coded
    `spawn`: two fresh interpreters importing torch per rank process, at every start and restart. ->
    `use_helper_server` has NVRx's `spawn` start them from the pod's fork server instead, where the
    prefork zygote started one (helper_server.py); elsewhere they are spawned as shipped. (Not
@@ -108,7 +111,7 @@ class _HelperStarts:
 
 
 def use_helper_server() -> None:
-    """Have NVRx start its helpers from the pod's fork server while there is one (item 10)."""
+    """Have NVRx start its helpers from the pod's fork server while there is one (item 11)."""
     from nvidia_resiliency_ext.checkpointing.async_ckpt import core, filesystem_async
 
     for module in (core, filesystem_async):

@@ -15,6 +15,8 @@ import time
 
 from tests.helpers import REPO_ROOT, free_port
 
+CLOSE_JOIN_S = 30.0
+
 SCRIPT = textwrap.dedent(
     """
     import multiprocessing.util
@@ -25,10 +27,14 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
 
     from trainer.checkpoint import nvrx_async
+    from trainer.checkpoint import backends
     from trainer.checkpoint.backends import NvrxBackend
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)  # NVRx's worker start asks for the rank
+    # Room for a worker at nice 10 on busy cores (a suite beside it) to end on its DONE; without the DONE
+    # the exit waits all of it and kills the worker.
+    backends.CLOSE_JOIN_S = float(sys.argv[2])
     backend = NvrxBackend(write_timeout_s=120)
     NvrxBackend._prewarm.join(120)
     worker = nvrx_async.worker_process(NvrxBackend._queue)
@@ -46,7 +52,7 @@ SCRIPT = textwrap.dedent(
 
 def test_a_completed_process_ends_its_idle_worker_with_done_at_once() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT, str(free_port())],
+        [sys.executable, "-c", SCRIPT, str(free_port()), str(CLOSE_JOIN_S)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -59,5 +65,5 @@ def test_a_completed_process_ends_its_idle_worker_with_done_at_once() -> None:
     exit_s = time.monotonic() - started
     assert proc.returncode == 0, err[-3000:]
     assert "worker exit 0" in rest, f"the worker was killed, not ended by DONE: {rest!r}\n{err[-2000:]}"
-    # The close's join gives up at 5 s: an exit that took it all waited for a DONE that never came.
-    assert exit_s < 5.0, f"the process took {exit_s:.1f} s to exit"
+    # An exit that took the whole join waited for a DONE that never came.
+    assert exit_s < CLOSE_JOIN_S, f"the process took {exit_s:.1f} s to exit"

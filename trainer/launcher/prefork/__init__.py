@@ -16,6 +16,10 @@ as the worker's stand-in for the launcher: it forwards signals to the forked wor
 worker's status. A lifeline pipe ties the worker to the stand-in: if the launcher kills the stand-in,
 the worker dies with it. Without the zygote (not started, or dead) the worker starts cold, as before.
 
+Before it serves, the zygote forks one more process: multiprocessing's fork server, from which a forked
+worker's NVRx helpers start with the modules loaded instead of spawning fresh interpreters that import
+torch again (trainer/checkpoint/helper_server.py).
+
 The zygote only imports; it runs no DTensor code before forking. A warm-up that built the model once
 under a fake process group was tried and dropped: with the imports preloaded it saved 0.05 s per worker,
 and on a mesh equal to the workers' it was wrong: the workers' first checkpoint failed DCP's plan
