@@ -95,12 +95,16 @@ def seal_and_drain(g: SealGroup, save: SaveToSeal) -> Future[dict[str, Any]]:
     files = save.files
     try:
         g.local.seal(save.step, files, metadata, g.fingerprint)
-        deleted = g.local.retain(g.fingerprint, save.step)
-        log.debug("local retention deleted this rank's part of steps %s", deleted)
     except OSError as exc:
         log.warning(
             "local copy of step %d not sealed on rank %d (draining anyway): %s", save.step, g.rank, exc
         )
+    else:
+        try:
+            deleted = g.local.retain(g.fingerprint, save.step)
+            log.debug("local retention deleted this rank's part of steps %s", deleted)
+        except OSError as exc:  # the seal stands; older parts wait for the next save's retention
+            log.warning("local retention after step %d failed on rank %d: %s", save.step, g.rank, exc)
     if g.rank == 0:
         files = {**files, METADATA: {"size": len(metadata), "crc32": f"{zlib.crc32(metadata):08x}"}}
     return g.copier.submit(g.local.drain, save.step, save.tmp, files, save.cancel)

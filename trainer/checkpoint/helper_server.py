@@ -20,8 +20,11 @@ the rule of the zygote's own socket: only the pod's user reaches it, who can run
 anyway. How long it lives: multiprocessing's rule, until every holder of its "alive" pipe is gone (the
 zygote, the workers it forked, the helpers); then it exits on its own.
 
-Without it (a cold worker, torchrun, a team's own launcher, a Python whose fork server this module does
-not know, or a server that is gone) `context()` is None and NVRx spawns its helpers as shipped.
+A rank that no zygote forked (torchrun's, a team launcher's, a cold worker's) starts its own server the
+same way at the start of its run (`start_here`), before it opens a socket or starts a thread: its helpers
+are then forked from it. Where there is none (a Python whose fork server this module does not know, a
+server that is gone, a process that runs threads before the run starts) `context()` is None and NVRx
+spawns its helpers as shipped.
 """
 
 from __future__ import annotations
@@ -83,6 +86,21 @@ def start() -> int | None:
     _server_pidfd = pidfd
     util.debug(f"helper fork server {pid} at {address}")
     return pid
+
+
+def start_here() -> int | None:
+    """In a rank process no zygote forked (torchrun's, a team launcher's, a cold worker's): start the
+    server from this process, as the zygote does, while it still runs one Python thread and before it
+    opens a socket of its own (so, at the start of the run). None where it is not started: a server is
+    already there (the zygote's), or another thread runs (a fork would copy its locks mid-use)."""
+    import threading
+
+    if running():
+        return None
+    if threading.active_count() > 1:
+        log.info("helper fork server not started: %d threads run here", threading.active_count())
+        return None
+    return start()
 
 
 def _serve(listener: socket.socket, alive_r: int, alive_w: int) -> None:

@@ -92,7 +92,12 @@ class LocalTier:
         return self.step_dir(step) / f"rank{self.rank}.replicated.pt"
 
     def own_files(self, directory: Path) -> list[str]:
-        return sorted(p.name for p in directory.glob(f"__{self.rank}_*") if p.is_file())
+        prefix = f"__{self.rank}_"
+        try:
+            with os.scandir(directory) as entries:
+                return sorted(e.name for e in entries if e.name.startswith(prefix) and e.is_file())
+        except FileNotFoundError:  # the node's other ranks share the folder: one may remove it meanwhile
+            return []
 
     # ------------------------------------------------------------------------------------------ write
     def begin(self, step: int, save_dict: dict[str, Any]) -> Path:
@@ -279,8 +284,11 @@ class LocalTier:
         self.replicated_path(step).unlink(missing_ok=True)
         for name in self.own_files(directory):
             (directory / name).unlink(missing_ok=True)
-        rest = [p for p in directory.iterdir() if p.name != METADATA] if directory.is_dir() else []
-        if directory.is_dir() and not rest:  # nobody else's part left: the node's copy of this step goes
+        try:
+            rest = [p for p in directory.iterdir() if p.name != METADATA]
+        except FileNotFoundError:  # another rank of the node removed the step's last part meanwhile
+            return
+        if not rest:  # nobody else's part left: the node's copy of this step goes
             (directory / METADATA).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # another rank of the node wrote into it meanwhile
                 directory.rmdir()

@@ -258,6 +258,12 @@ def _give_up(cfg: TrainConfig, trainer: Trainer, exc: BaseException) -> int | No
 def main(cfg: TrainConfig, train: TrainFn) -> int:
     """Run the whole training of this process (`train` once per attempt); returns the exit status."""
     _standalone_env()
+    if cfg.ckpt.mode == "nvrx":
+        # First, while this process has no socket and one thread: NVRx's helpers fork from it
+        # (trainer/checkpoint/helper_server.py; a worker the zygote forked has the zygote's already).
+        from trainer.checkpoint import helper_server
+
+        helper_server.start_here()
     trainer = Trainer(cfg, train)
     # Everything imported so far (torch, NVRx: ~10^6 objects) lives as long as the process. Freezing it
     # takes it out of every later collection, and a teardown's gc.collect() (which is what lets gloo

@@ -262,3 +262,26 @@ def _case(rank: int, world_size: int, mesh: Any, root: Path, case: str) -> None:
     _assert_same(snapshot(fresh), expected[want[0]])
     if case == "rank1-damaged" and rank == 1:
         assert any("checksum mismatch" in r for r in got.refused), got.refused
+
+
+def test_a_step_folder_another_rank_of_the_node_removes_meanwhile_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ranks of a node share its local folder, and each removes its own part of an old step; the last
+    # one out removes the step's folder. Rank 1 found the folder there, then rank 0 removed it before
+    # rank 1 listed it (seen in a run: rank 1's retention raised, logged as its newest step "not sealed").
+    tier = local_tier_module.LocalTier(tmp_path / "nvme", rank=1, world_size=2, keep=1)
+    step_dir = tier.step_dir(2)
+    step_dir.mkdir(parents=True)
+    (step_dir / "__1_0.distcp").write_bytes(b"rank 1's part")
+    real_iterdir = Path.iterdir
+
+    def iterdir_after_the_peer(self: Path) -> Any:
+        if self == step_dir:
+            shutil.rmtree(self)  # rank 0, just now
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir_after_the_peer)
+    tier._remove_own(2)
+    assert not step_dir.exists()
+    assert tier.own_files(step_dir) == []

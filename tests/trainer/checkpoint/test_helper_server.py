@@ -189,3 +189,33 @@ def test_a_python_whose_fork_server_is_unknown_starts_none(monkeypatch: pytest.M
     import inspect
 
     assert tuple(inspect.signature(forkserver.main).parameters) == helper_server._KNOWN_MAIN_PARAMETERS
+
+
+HERE = textwrap.dedent(
+    """
+    import json
+    import threading
+    import time
+
+    from trainer.checkpoint import helper_server
+
+    other = threading.Thread(target=time.sleep, args=(1,))
+    other.start()
+    with_a_thread = helper_server.start_here()  # a fork would copy the other thread's locks mid-use
+    other.join()
+    alone = helper_server.start_here()
+    again = helper_server.start_here()  # there is one
+    print(json.dumps([with_a_thread, alone, again, helper_server.context() is not None]))
+    """
+)
+
+
+def test_a_rank_no_zygote_forked_starts_its_own_server_while_it_runs_one_thread() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", HERE], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with_a_thread, alone, again, usable = json.loads(proc.stdout)
+    assert with_a_thread is None and isinstance(alone, int) and again is None and usable
+    assert _wait_gone(alone, 10), "the rank's fork server outlived it"
