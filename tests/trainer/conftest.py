@@ -15,6 +15,20 @@ from torch.distributed.device_mesh import init_device_mesh
 from tests.helpers import free_port
 
 
+@pytest.fixture(scope="session", autouse=True)
+def helper_server() -> None:
+    """This test worker's NVRx helpers forked from a fork server, as a rank's are
+    (trainer/checkpoint/helper_server.py): started before the first trainer test, with what the helpers
+    run imported. Without it every in-process test that saves with nvrx (and every abort in one) spawned
+    two interpreters importing torch."""
+    import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+
+    from trainer.checkpoint import helper_server, nvrx_async  # noqa: F401
+
+    helper_server.start_here()
+
+
 @pytest.fixture(scope="session")
 def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from trainer.reference.data import write_synthetic_tokens

@@ -11,7 +11,8 @@ thread. Before it serves, it forks multiprocessing's own fork server (`multiproc
 the loop a `forkserver` start method talks to) with `start()`. Every worker the zygote then forks inherits
 that server's address, and `context()` makes NVRx's `spawn` a `forkserver` start there (nvrx_async.py
 installs it): the helper is forked by the server, so it begins with the modules loaded, and without any of
-the rank's sockets, threads or locks (the gloo pairs, the stores, the metrics port), as a spawned one.
+the rank's sockets, threads or locks (the gloo pairs, the stores, the metrics port), as a spawned one
+(the server keeps none of its parent's files open but its standard streams).
 What a spawned helper took from its rank that a fork of the server does not, the rank's environment (and
 the thread count read from it), `HelperProcess` carries over.
 
@@ -49,9 +50,9 @@ _server_pidfd: int | None = None  # a pidfd of the server, inherited by the zygo
 
 
 def start() -> int | None:
-    """In the zygote, after its imports and before it forks a worker: fork the fork server and make it
-    this process's (and its future children's) `forkserver`. Returns its PID, or None where it cannot
-    be started here (the reason is logged)."""
+    """In the zygote after its imports, before it forks a worker (or in a rank, `start_here`): fork the
+    fork server and make it this process's (and its future children's) `forkserver`. Returns its PID, or
+    None where it cannot be started here (the reason is logged)."""
     global _server_pidfd
     from multiprocessing import connection, forkserver, util
 
@@ -68,7 +69,7 @@ def start() -> int | None:
         listener.listen()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the server; its tests talk to it
-            _serve(listener, alive_r, alive_w)
+            _serve(listener, alive_r)
         pidfd = os.pidfd_open(pid)
     except OSError as exc:
         log.info("helper fork server not started: %s", exc)
@@ -103,19 +104,29 @@ def start_here() -> int | None:
     return start()
 
 
-def _serve(listener: socket.socket, alive_r: int, alive_w: int) -> None:
+def _serve(listener: socket.socket, alive_r: int) -> None:
     """The forked server: multiprocessing's loop, from this process's imports; never returns."""
     from multiprocessing import forkserver
 
     code = 0
     try:
-        os.close(alive_w)  # the zygote's and its workers' copies keep it open
+        _close_all_but(0, 1, 2, listener.fileno(), alive_r)  # alive_w too: the others' copies keep it open
         forkserver.main(listener.fileno(), alive_r, [])
     except SystemExit as exc:  # the loop's way out once every holder of the alive pipe is gone
         code = exc.code if isinstance(exc.code, int) else 0
     except BaseException:
         code = 1
     os._exit(code)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every other file descriptor of this process: nothing its parent had open (a socket of a
+    test runner, a team's import's file) stays open in the server or the helpers it forks."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def running() -> bool:

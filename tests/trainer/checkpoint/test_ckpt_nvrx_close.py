@@ -30,6 +30,9 @@ SCRIPT = textwrap.dedent(
     from trainer.checkpoint import backends
     from trainer.checkpoint.backends import NvrxBackend
 
+    from trainer.checkpoint import helper_server
+
+    helper_server.start_here()  # as a rank starts its run: the worker is forked, not spawned (quicker)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
     dist.init_process_group("gloo", rank=0, world_size=1)  # NVRx's worker start asks for the rank
     # Room for a worker at nice 10 on busy cores (a suite beside it) to end on its DONE; without the DONE

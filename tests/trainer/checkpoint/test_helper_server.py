@@ -41,13 +41,14 @@ ZYGOTE = textwrap.dedent(
         from trainer.checkpoint import helper_server
 
         if sys.argv[1] == "probe":
+            links = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
             ctx = helper_server.context()
             queue = ctx.SimpleQueue()
             process = ctx.Process(target=report, args=(queue,))
             process.start()
             result = queue.get()
             process.join(30)
-            return {**result, "exitcode": process.exitcode}
+            return {**result, "exitcode": process.exitcode, "server_holds_socket": SOCKET in links}
         if sys.argv[1] == "server-gone":
             os.kill(server, 9)
             while helper_server.running():
@@ -83,10 +84,14 @@ ZYGOTE = textwrap.dedent(
 
 
     if __name__ == "__main__":
+        import socket
+
         import torch  # the zygote's imports
 
         from trainer.checkpoint import helper_server
 
+        listening = socket.create_server(("127.0.0.1", 0))  # a socket of the parent's: not the server's
+        SOCKET = f"socket:[{os.fstat(listening.fileno()).st_ino}]"
         server = helper_server.start()
         print(json.dumps({"server": server}), flush=True)
         read_end, write_end = os.pipe()
@@ -150,6 +155,7 @@ def test_a_workers_helper_is_forked_by_the_server_with_the_modules_and_the_worke
     assert helper["mark"] == "the worker's"  # the worker's environment, not the zygote's
     assert helper["threads"] == 1  # and the thread count read from it
     assert helper["exitcode"] == 0
+    assert not helper["server_holds_socket"]  # it keeps none of its parent's files
     # The server outlives nobody: the zygote and its worker are gone, so is it.
     assert _wait_gone(said["server"], 10), f"the fork server {said['server']} outlived its zygote"
 
@@ -182,6 +188,7 @@ def test_a_python_whose_fork_server_is_unknown_starts_none(monkeypatch: pytest.M
         raise AssertionError("must not be called")
 
     monkeypatch.setattr(forkserver, "main", main)
+    monkeypatch.setattr(helper_server, "_server_pidfd", None)  # this test process's own server (conftest)
     assert helper_server.start() is None
     assert helper_server.context() is None
     # What the tests above rely on: this Python's fork server is the one the module knows.
