@@ -11,6 +11,7 @@ the training itself) is the process kubelet's part.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -310,13 +311,21 @@ def test_a_prometheus_team_release_and_its_podmonitor_are_stored_exactly_as_sent
     crd = require_tool(PODMONITOR_CRD, "the PodMonitor CRD")
     created = kubectl(control_plane, "create", "-f", str(crd))
     assert created.returncode == 0 or "AlreadyExists" in created.stderr, created.stderr
-    established = kubectl(
-        control_plane,
-        "wait",
-        "--for=condition=Established",
-        "crd/podmonitors.monitoring.coreos.com",
-        "--timeout=60s",
-    )
+    deadline = time.monotonic() + 60
+    while True:
+        established = kubectl(
+            control_plane,
+            "wait",
+            "--for=condition=Established",
+            "crd/podmonitors.monitoring.coreos.com",
+            "--timeout=60s",
+        )
+        # A CRD just created has no status.conditions yet, and kubectl's wait errors on it instead of
+        # waiting ("accessor error: <nil> ..."): ask again.
+        if established.returncode == 0 or "accessor error" not in established.stderr:
+            break
+        assert time.monotonic() < deadline, established.stderr
+        time.sleep(0.2)
     assert established.returncode == 0, established.stderr
     ns = "prometheus-team"
     values = {
