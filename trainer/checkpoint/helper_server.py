@@ -19,7 +19,8 @@ the thread count read from it), `HelperProcess` carries over.
 Who may use the server: its socket is mode 0600 in a 0700 directory (multiprocessing's temp directory),
 the rule of the zygote's own socket: only the pod's user reaches it, who can run anything in the pod
 anyway. How long it lives: multiprocessing's rule, until every holder of its "alive" pipe is gone (the
-zygote, the workers it forked, the helpers); then it exits on its own.
+zygote, the workers it forked, the helpers; each helper ends with the rank that started it,
+`HelperProcess`); then it exits on its own.
 
 A rank that no zygote forked (torchrun's, a team launcher's, a cold worker's) starts its own server the
 same way at the start of its run (`start_here`), before it opens a socket or starts a thread: its helpers
@@ -152,17 +153,74 @@ def _ensure_running() -> None:
 class HelperProcess(multiprocessing.context.ForkServerProcess):
     """A process forked by the server that runs with what a spawned one took from its parent: the
     environment at its creation (a rank's RANK, CUDA_VISIBLE_DEVICES, ... not the zygote's) and the
-    thread count torch reads from OMP_NUM_THREADS at import (the server imported torch without it)."""
+    thread count torch reads from OMP_NUM_THREADS at import (the server imported torch without it).
+
+    And it ends with the process that started it. A spawned helper was in its rank's process group,
+    which the launcher kills when a rank dies; a forked one is the server's child, in the server's group:
+    after its rank's SIGKILL nothing else would end it. The NVRx worker's watchdog killed the Manager
+    then, but the worker itself exits at that moment too (its request pipe breaks), and once in a few runs
+    its exit cut the watchdog off before the kill: the Manager, and the fork server it holds open, lived on
+    (seen in CI). So every helper watches its creator itself (`_end_with`), from a pidfd the creator hands
+    over with the process object: never a later process that got its PID."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._parent_environ = dict(os.environ)
+        self._creator_pidfd: int | None = None
+
+    def start(self) -> None:
+        self._creator_pidfd = os.pidfd_open(os.getpid())
+        try:
+            super().start()
+        finally:
+            os.close(self._creator_pidfd)
+            self._creator_pidfd = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for the server by `start` (multiprocessing's forkserver Popen): the pidfd goes along
+        as one of the files the server hands to the new process."""
+        from multiprocessing import reduction
+
+        state = dict(self.__dict__)
+        if self._creator_pidfd is not None:
+            state["_creator_pidfd"] = reduction.DupFd(self._creator_pidfd)
+        return state
 
     def run(self) -> None:
+        creator = self.__dict__.pop("_creator_pidfd", None)
+        if creator is not None:
+            _end_with(creator.detach())
         os.environ.clear()
         os.environ.update(self._parent_environ)
         apply_thread_count(self._parent_environ)
         super().run()
+
+
+def _end_with(creator_pidfd: int) -> None:
+    """In a helper, first thing: a daemon thread that SIGKILLs this process and its descendants (an NVRx
+    worker's writers) once the creator's pidfd turns readable (it exited, however it ended)."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        select.select([creator_pidfd], [], [])
+        for pid in [*descendants(os.getpid()), os.getpid()]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="helper-lifeline", daemon=True).start()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of process `pid`, children first ([] without psutil, which ships with NVRx)."""
+    try:
+        import psutil
+    except ImportError:
+        return []
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 class HelperContext(multiprocessing.context.ForkServerContext):

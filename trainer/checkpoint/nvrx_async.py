@@ -178,7 +178,7 @@ def abort_queue(queue: Any, timeout_s: float = 1.0) -> None:
     proc = worker_process(queue)
     if proc is not None and proc.is_alive():
         # 0.4.1's worker forks one writer process per file; orphaned, those block forever on queues.
-        for child in _children(proc.pid):
+        for child in helper_server.descendants(proc.pid):
             with contextlib.suppress(OSError):
                 os.kill(child, signal.SIGKILL)
         proc.kill()
@@ -274,16 +274,6 @@ def results_mismatch(results: list[Any], checkpoint_dir: Any) -> str | None:
     return None
 
 
-def _children(pid: int) -> list[int]:
-    """All descendants of a process (psutil ships with NVRx)."""
-    import psutil
-
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
 class _AfterFork:
     """Anchor for multiprocessing's after-fork hook (it holds its owner weakly)."""
 
@@ -312,7 +302,7 @@ def _watch_trainer(trainer_pid: int, also_kill: list[int]) -> None:
 
     def watch() -> None:
         wait_for_exit()
-        for pid in [*_children(os.getpid()), *also_kill]:
+        for pid in [*helper_server.descendants(os.getpid()), *also_kill]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         os._exit(1)

@@ -17,6 +17,8 @@ import multiprocessing
 import os
 import signal
 
+from trainer.checkpoint.helper_server import descendants
+
 
 def kill_children() -> list[int]:
     """SIGKILL every multiprocessing child of this process and their descendants; the pids killed."""
@@ -24,19 +26,8 @@ def kill_children() -> list[int]:
     for child in multiprocessing.active_children():
         if child.pid is None:
             continue
-        for pid in [*_descendants(child.pid), child.pid]:
+        for pid in [*descendants(child.pid), child.pid]:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
     return killed
-
-
-def _descendants(pid: int) -> list[int]:
-    try:
-        import psutil  # ships with NVRx
-    except ImportError:
-        return []
-    try:
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []

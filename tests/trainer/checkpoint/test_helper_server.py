@@ -35,6 +35,12 @@ ZYGOTE = textwrap.dedent(
                    "mark": os.environ.get("HELPER_TEST_MARK"), "threads": torch.get_num_threads()})
 
 
+    def sleep_long():
+        import time
+
+        time.sleep(3600)
+
+
     def worker(server):
         os.environ["HELPER_TEST_MARK"] = "the worker's"
         os.environ["OMP_NUM_THREADS"] = "1"
@@ -49,6 +55,10 @@ ZYGOTE = textwrap.dedent(
             result = queue.get()
             process.join(30)
             return {**result, "exitcode": process.exitcode, "server_holds_socket": SOCKET in links}
+        if sys.argv[1] == "lifeline":  # a helper that watches nothing itself, and a rank SIGKILLed below
+            process = helper_server.context().Process(target=sleep_long)
+            process.start()
+            return {"helper": process.pid}
         if sys.argv[1] == "server-gone":
             os.kill(server, 9)
             while helper_server.running():
@@ -105,7 +115,7 @@ ZYGOTE = textwrap.dedent(
 
                 traceback.print_exc()
                 os._exit(1)
-            if sys.argv[1] == "nvrx":  # a rank killed with its helpers running
+            if sys.argv[1] in ("nvrx", "lifeline"):  # a rank killed with its helpers running
                 os.kill(os.getpid(), 9)
             os._exit(0)
         os.close(write_end)
@@ -172,6 +182,15 @@ def test_nvrx_starts_its_worker_and_manager_from_the_server_and_they_die_with_a_
         pid = helpers[name]["pid"]
         assert _wait_gone(pid, 10), f"NVRx's {name} {pid} outlived its killed rank"
     assert _wait_gone(said["server"], 10)
+
+
+def test_any_helper_ends_with_its_rank_and_the_server_with_the_last_of_them(tmp_path: Path) -> None:
+    # No watchdog of NVRx's here: the helper's own lifeline (a pidfd of its rank) ends it. Without it the
+    # helper lived on, and held the server open (it keeps the server's "alive" pipe, as multiprocessing's
+    # forkserver children do): seen in CI, a Manager whose worker exited before its watchdog killed it.
+    said, worker = _zygote(tmp_path, "lifeline")
+    assert _wait_gone(worker["helper"], 10), f"the helper {worker['helper']} outlived its killed rank"
+    assert _wait_gone(said["server"], 10), f"the fork server {said['server']} outlived its zygote"
 
 
 def test_without_the_server_nvrx_spawns_its_helpers_as_shipped(tmp_path: Path) -> None:
