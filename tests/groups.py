@@ -55,6 +55,21 @@ SHARED_RUNS = frozenset({"clean_run", "faulty_run", "pods_clean_run"})
 _SPLIT_RUNS = pytest.StashKey[dict[str, list[str]]]()
 
 
+def group_suffix(item: pytest.Item) -> str | None:
+    """The group this plugin gave `item` (its id's `@<group>`), None outside `--dist loadgroup`."""
+    if not getattr(item.config.option, "loadgroup", False):
+        return None
+    return item.nodeid.rsplit("@", 1)[-1] if "@" in item.nodeid.rsplit("]", 1)[-1] else None
+
+
+def ends_group(item: pytest.Item, nextitem: pytest.Item | None, group: str) -> bool:
+    """Whether `item` is the last test of `group` that this worker runs: under `--dist loadgroup` a group's
+    tests run one after another on one worker, and a worker runs a test only once it holds the next one
+    (or at its end), so `nextitem` is the test that really comes next. Never outside loadgroup, where a
+    group's modules are not run together."""
+    return group_suffix(item) == group and (nextitem is None or group_suffix(nextitem) != group)
+
+
 def module_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 

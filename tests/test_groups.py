@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.groups import CLUSTER, HEAVY, group_of
@@ -66,3 +68,23 @@ def test_a_shared_run_read_from_two_groups_is_found() -> None:
     group = {"a.py": SECOND_LANE, "b.py": HEAVY, "c.py": HEAVY, "d.py": HEAVY}
     split = shared_runs_split(items, lambda item: group[item.nodeid.split("::")[0]])  # type: ignore[arg-type]
     assert split == {"pods_clean_run": sorted([SECOND_LANE, HEAVY])}
+
+
+def test_a_group_ends_at_its_last_test_on_the_worker_and_never_outside_loadgroup() -> None:
+    from types import SimpleNamespace
+
+    from tests.groups import ends_group
+
+    def item(nodeid: str, loadgroup: bool = True) -> Any:
+        return SimpleNamespace(
+            nodeid=nodeid, config=SimpleNamespace(option=SimpleNamespace(loadgroup=loadgroup))
+        )
+
+    a1, a2 = item(f"tests/a.py::t1@{CLUSTER}"), item(f"tests/b.py::t2[x@y]@{CLUSTER}")
+    other = item("tests/c.py::t3@tests/c.py")
+    assert not ends_group(a1, a2, CLUSTER)  # the group goes on
+    assert ends_group(a2, other, CLUSTER) and ends_group(a2, None, CLUSTER)
+    assert not ends_group(other, None, CLUSTER)  # not one of the group's
+    assert not ends_group(item("tests/d.py::t4[x@controlplane]"), None, CLUSTER)  # a parameter, no group
+    plain = item(f"tests/a.py::t1@{CLUSTER}", loadgroup=False)
+    assert not ends_group(plain, other, CLUSTER)  # plain pytest: the group's modules are not together

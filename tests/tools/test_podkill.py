@@ -83,8 +83,11 @@ def test_each_kind_of_a_pods_processes_is_told_apart() -> None:
         assert main.stdout is not None
         pids = json.loads(main.stdout.readline())
         deadline = time.monotonic() + 20
-        while podkill._threads(pids["cold"]) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)  # the cold worker starting its second thread
+        while time.monotonic() < deadline and not (
+            podkill._threads(pids["cold"]) >= 2  # the cold worker starting its second thread
+            and os.getsid(pids["forked"]) == pids["forked"]  # the zygote's fork leading its own session
+        ):
+            time.sleep(0.05)
         procs = {main.pid, *pids.values()}
         assert podkill.find("main", main.pid, procs) == [main.pid]
         assert podkill.find("launcher", main.pid, procs) == [pids["launcher"]]

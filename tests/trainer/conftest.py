@@ -4,6 +4,7 @@ each tier that test_exact_resume.py and resilience/test_unrecoverable.py both re
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,16 +18,17 @@ from tests.helpers import free_port
 
 @pytest.fixture(scope="session", autouse=True)
 def helper_server() -> None:
-    """This test worker's NVRx helpers forked from a fork server, as a rank's are
-    (trainer/checkpoint/helper_server.py): started before the first trainer test, with what the helpers
-    run imported. Without it every in-process test that saves with nvrx (and every abort in one) spawned
-    two interpreters importing torch."""
-    import nvidia_resiliency_ext.checkpointing.async_ckpt.filesystem_async  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
+    """This test process's NVRx helpers forked from a fork server, as a rank's are: started before the
+    collection (tests/helper_servers.py), or here where that did not run; a warning where neither could."""
+    from tests import helper_servers
+    from trainer.checkpoint import helper_server
 
-    from trainer.checkpoint import helper_server, nvrx_async  # noqa: F401
+    helper_servers.start()
+    if not helper_server.running():
+        import threading
 
-    helper_server.start_here()
+        names = ", ".join(t.name for t in threading.enumerate())
+        warnings.warn(f"no fork server for NVRx's helpers (threads: {names}): they are spawned", stacklevel=1)
 
 
 @pytest.fixture(scope="session")
