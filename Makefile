@@ -15,11 +15,14 @@ CDK         := node_modules/.bin/cdk
 TEAMS       ?= teams.yaml
 NAMESPACE   ?= ml-research
 PYTEST_ARGS ?=
-# make test and test-fast run two pytest workers (xdist); tests/groups.py groups the tests so that most
-# multi-process training runs go one after another on one worker while the other takes a second lane of
-# them first, then the rest. --no-loadscope-reorder: the groups start in tests/groups.py's order.
+# make test runs two pytest workers (xdist); tests/groups.py groups the tests so that most multi-process
+# training runs go one after another on one worker while the other takes a second lane of them first,
+# then the rest. --no-loadscope-reorder: the groups start in tests/groups.py's order. make test-fast runs
+# three: its tests wait (on a control plane, a subprocess, a timeout) a quarter of the time, which two
+# workers left idle on 2 cores; three lost with make test's training runs (docs/testing.md).
 PYTEST_WORKERS ?= 2
-XDIST       := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+FAST_WORKERS ?= 3
+XDIST       = -n $(1) --dist loadgroup --no-loadscope-reorder
 # The NVRx release the image ships (Dockerfile NVRX_VERSION); installed by tools/install_nvrx.py.
 NVRX_VERSION := 0.7.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -99,11 +102,11 @@ prometheus: ## Install Debian's prometheus if it is not on PATH (apt-get; sudo w
 
 # BLUEPRINT_REQUIRE_TOOLS=1: a test that needs helm or the CDK CLI fails (never skips) when it is missing.
 test: setup prometheus controlplane ## Run the whole test suite
-	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(call XDIST,$(PYTEST_WORKERS)) $(PYTEST_ARGS)
 
 test-fast: setup controlplane ## Run the tests that need no multi-process training
 # A -m here replaces pyproject's -m 'not soak' (pytest keeps the last): it names soak itself.
-	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(XDIST) -m 'not slow and not soak' $(PYTEST_ARGS)
+	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest $(call XDIST,$(FAST_WORKERS)) -m 'not slow and not soak' $(PYTEST_ARGS)
 
 soak: setup prometheus ## The long runs kept out of make test: every checkpoint mode, more fault mixes
 	BLUEPRINT_REQUIRE_TOOLS=1 $(PY) -m pytest -m soak $(PYTEST_ARGS)

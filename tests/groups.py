@@ -45,6 +45,20 @@ SECOND_LANE_MODULES = frozenset(
 )
 """The heavy modules of SECOND_LANE: about what the other worker's light groups leave of HEAVY's time
 (measured with `-v --durations=0`), so that both workers end together."""
+EARLY_MODULES = frozenset(
+    {
+        "tests/chart/test_values_generated.py",  # one test, 23 s
+        "tests/bench/test_scale.py",  # three tests, 20 s (one simulation they share)
+        "tests/trainer/checkpoint/test_helper_server.py",  # five tests, 24 s
+        "tests/trainer/checkpoint/test_ckpt_local_tier.py",  # five tests, 21 s
+        "tests/trainer/checkpoint/test_ownership.py",  # five tests, 18 s
+        "tests/bench/test_guard_bench.py",  # one test, 8 s
+        "tests/trainer/checkpoint/test_ckpt_nvrx_close.py",  # two tests, 14 s
+    }
+)
+"""Light modules that take long for their few tests (`make test-fast -v --durations=0`, 3 workers): run
+right after FIRST's groups, before the many-test modules, so that none of them starts last on one worker
+while the others have run out of work (the last 20 s of make test-fast were one worker's, 2026-12-06)."""
 CLUSTER = "controlplane"
 FIRST = (HEAVY, SECOND_LANE, CLUSTER)
 """Scheduled first, in this order (make test runs xdist with --no-loadscope-reorder): HEAVY and SECOND_LANE
@@ -146,12 +160,14 @@ def shared_runs_split(items: list[pytest.Item], group: Callable[[pytest.Item], s
 
 
 def scheduling_order(items: list[_T], group: Callable[[_T], str]) -> list[_T]:
-    """The items grouped as xdist schedules them: FIRST's groups in that order, then the others by their
-    number of tests, most first (xdist's own reordering, which --no-loadscope-reorder turns off), each
-    group's tests in their collection order."""
+    """The items grouped as xdist schedules them: FIRST's groups in that order, then EARLY_MODULES', then
+    the others by their number of tests, most first (xdist's own reordering, which --no-loadscope-reorder
+    turns off), each group's tests in their collection order."""
     members: dict[str, list[_T]] = {}
     for item in items:
         members.setdefault(group(item), []).append(item)
     first = [g for g in FIRST if g in members]
-    rest = sorted((g for g in members if g not in FIRST), key=lambda g: -len(members[g]))
+    rest = sorted(
+        (g for g in members if g not in FIRST), key=lambda g: (g not in EARLY_MODULES, -len(members[g]))
+    )
     return [item for g in first + rest for item in members[g]]

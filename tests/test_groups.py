@@ -36,7 +36,7 @@ def test_this_test_is_scheduled_by_its_group(request: pytest.FixtureRequest) -> 
 
 
 def test_the_second_lane_takes_its_heavy_modules_and_the_long_groups_are_scheduled_first() -> None:
-    from tests.groups import FIRST, SECOND_LANE, SECOND_LANE_MODULES, scheduling_order
+    from tests.groups import EARLY_MODULES, FIRST, SECOND_LANE, SECOND_LANE_MODULES, scheduling_order
 
     lane_module = sorted(SECOND_LANE_MODULES)[0]
     heavy = {lane_module, "tests/trainer/runtime/test_exact_resume.py"}
@@ -46,12 +46,19 @@ def test_the_second_lane_takes_its_heavy_modules_and_the_long_groups_are_schedul
     assert group_of(f"{lane_module}::test_a", set()) == lane_module
     assert FIRST[:2] == (HEAVY, SECOND_LANE)
 
-    items = ["small::1", "infra::1", "lane::1", "infra::2", "heavy::1", "cluster::1", "lane::2", "infra::3"]
-    group = {"small": "tests/x.py", "infra": "infra", "lane": SECOND_LANE, "heavy": HEAVY, "cluster": CLUSTER}
+    items = ["small::1", "infra::1", "lane::1", "infra::2", "heavy::1", "cluster::1", "lane::2", "infra::3",
+             "long::1"]  # fmt: skip
+    long_module = sorted(EARLY_MODULES)[0]
+    group = {"small": "tests/x.py", "infra": "infra", "lane": SECOND_LANE, "heavy": HEAVY, "cluster": CLUSTER,
+             "long": long_module}  # fmt: skip
     order = scheduling_order(items, lambda item: group[item.split("::")[0]])
     assert order == [
-        "heavy::1", "lane::1", "lane::2", "cluster::1", "infra::1", "infra::2", "infra::3", "small::1",
+        "heavy::1", "lane::1", "lane::2", "cluster::1", "long::1",
+        "infra::1", "infra::2", "infra::3", "small::1",
     ]  # fmt: skip
+    from tests.helpers import REPO_ROOT
+
+    assert all((REPO_ROOT / module).is_file() for module in EARLY_MODULES | SECOND_LANE_MODULES)
 
 
 def test_a_shared_run_read_from_two_groups_is_found() -> None:

@@ -47,13 +47,14 @@ ZYGOTE = textwrap.dedent(
         from trainer.checkpoint import helper_server
 
         if sys.argv[1] == "probe":
-            links = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
             ctx = helper_server.context()
             queue = ctx.SimpleQueue()
             process = ctx.Process(target=report, args=(queue,))
             process.start()
             result = queue.get()
             process.join(30)
+            # Read once the server has forked a helper: it closes its parent's files before it serves.
+            links = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
             return {**result, "exitcode": process.exitcode, "server_holds_socket": SOCKET in links}
         if sys.argv[1] == "lifeline":  # a helper that watches nothing itself, and a rank SIGKILLed below
             process = helper_server.context().Process(target=sleep_long)
