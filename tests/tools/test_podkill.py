@@ -86,6 +86,8 @@ def test_each_kind_of_a_pods_processes_is_told_apart() -> None:
         while time.monotonic() < deadline and not (
             podkill._threads(pids["cold"]) >= 2  # the cold worker starting its second thread
             and os.getsid(pids["forked"]) == pids["forked"]  # the zygote's fork leading its own session
+            # and every exec done: a process just past exec shows an empty command line for a moment
+            and all(podkill._cmdline(pid) for pid in pids.values())
         ):
             time.sleep(0.05)
         procs = {main.pid, *pids.values()}
